@@ -1,0 +1,69 @@
+"""Configuration: environment variables only, one table in the README.
+
+With nothing set the farm is embedded: SQLite, a local blob directory and a
+broker on SQLite (kombu's SQLAlchemy transport), all under ``FARM_HOME``.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("FARM_HOME", Path.home() / ".farm"))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", case_sensitive=False)
+
+    farm_home: Path = Field(default_factory=default_home)
+    database_url: str = ""  # default: sqlite under farm_home
+    broker_url: str = ""  # default: REDIS_URL, else SQLite broker under farm_home
+    redis_url: str = ""
+    blob_store_url: str = ""  # default: file:// under farm_home
+    # S3 endpoint for MinIO / moto; empty means AWS's own.
+    s3_endpoint_url: str = ""
+    # Where the farm's Ed25519 signing key lives (PEM, private); created on first use
+    # in embedded mode. Fleet nodes configure FARM_PUBLIC_KEY (PEM or path).
+    farm_signing_key: str = ""
+    farm_public_key: str = ""
+    farm_url: str = "http://127.0.0.1:8000"
+    farm_token: str = ""
+    # Bootstrap admin token accepted by the API (hashed in memory); for first setup.
+    farm_admin_token: str = ""
+    # Embedded mode turns auth off only when explicitly asked.
+    farm_auth: bool = True
+    # Limits for model code run by workers.
+    build_timeout_s: int = 900
+    build_memory_mb: int = 8192
+    trace_timeout_s: int = 300
+    max_body_bytes: int = 1_000_000
+    heartbeat_s: int = 10
+    client_cache_dir: Path | None = None
+    client_cache_max_bytes: int = 10 * 1024**3
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.farm_home / 'farm.db'}"
+
+    def resolved_broker_url(self) -> str:
+        if self.broker_url:
+            return self.broker_url
+        if self.redis_url:
+            return self.redis_url
+        return f"sqla+sqlite:///{self.farm_home / 'broker.db'}"
+
+    def resolved_blob_store_url(self) -> str:
+        return self.blob_store_url or f"file://{self.farm_home / 'blobs'}"
+
+    def resolved_cache_dir(self) -> Path:
+        return self.client_cache_dir or (self.farm_home / "cache")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,384 @@
+"""Job and input specs: what a user asks the farm to build.
+
+Every spec is a frozen value with a canonical string or JSON form that parses
+back to the same value, so it can be hashed into build keys, stored in SQL and
+typed on a command line.
+
+Input spec grammar (one tensor)::
+
+    spec   := dtype "[" [dim ("," dim)*] "]"
+    dim    := INT                  static size
+            | INT ".." [INT]       dynamic, inclusive range; no upper bound if omitted
+
+    float32[8,64]       bfloat16[8,512,1024]     int64[1,16]
+    float32[2..64,128]  one artifact for every batch size from 2 to 64
+
+Dynamic dims start at 2 or more: torch specialises sizes 0 and 1, so an
+artifact "for 1..64" would silently recompile (or fail its guards) at 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+DTYPES: tuple[str, ...] = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+)
+FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+_DTYPE_ALIASES = {
+    "float": "float32",
+    "fp32": "float32",
+    "half": "float16",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "double": "float64",
+    "fp64": "float64",
+    "long": "int64",
+    "int": "int32",
+}
+
+_SPEC_RE = re.compile(r"^\s*([A-Za-z0-9_]+)\s*\[(.*)\]\s*$")
+# ASCII digits only: int() also takes "+8", "1_000" and non-ASCII digits, which
+# would let two different texts name one spec (and one build key).
+_INT_RE = re.compile(r"^[0-9]+$")
+MAX_DIMS = 8
+_ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+MIN_DYNAMIC = 2
+
+
+class SpecError(ValueError):
+    """A spec that does not parse or does not make sense; the message says why."""
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One tensor dimension: static (lo == hi) or a dynamic inclusive range.
+
+    ``hi`` is None for an unbounded dynamic dim.
+    """
+
+    lo: int
+    hi: int | None
+
+    def __post_init__(self) -> None:
+        # Checked here as well as in parse(): a Dim built in code must obey the
+        # same rules, or covers() would promise shapes torch specialises.
+        for name, value in (("lo", self.lo), ("hi", self.hi)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise SpecError(f"dim {name} must be an int, got {value!r}")
+        if self.lo < 0:
+            raise SpecError(f"negative dim {self.lo}")
+        if self.hi is not None and self.hi < self.lo:
+            raise SpecError(f"dim {self.lo}..{self.hi} has its upper bound below its lower bound")
+        if self.dynamic and self.lo < MIN_DYNAMIC:
+            raise SpecError(
+                f"dynamic dim {self} starts below {MIN_DYNAMIC}: torch specialises "
+                "sizes 0 and 1, so give those their own static spec"
+            )
+
+    @property
+    def dynamic(self) -> bool:
+        return self.hi != self.lo
+
+    @property
+    def example(self) -> int:
+        """The size used for the example input at compile time."""
+        return self.lo
+
+    def contains(self, other: Dim) -> bool:
+        if other.lo < self.lo:
+            return False
+        if self.hi is None:
+            return True
+        return other.hi is not None and other.hi <= self.hi
+
+    def __str__(self) -> str:
+        if not self.dynamic:
+            return str(self.lo)
+        return f"{self.lo}..{'' if self.hi is None else self.hi}"
+
+    @classmethod
+    def parse(cls, text: str) -> Dim:
+        text = text.strip()
+        if ".." in text:
+            lo_s, hi_s = (p.strip() for p in text.split("..", 1))
+            if not _INT_RE.match(lo_s) or (hi_s and not _INT_RE.match(hi_s)):
+                raise SpecError(f"bad dynamic dim {text!r}: expected LO..HI or LO..")
+            lo = int(lo_s)
+            hi = int(hi_s) if hi_s else None
+            if lo < MIN_DYNAMIC:
+                raise SpecError(
+                    f"dynamic dim {text!r} starts below {MIN_DYNAMIC}: torch specialises "
+                    "sizes 0 and 1, so give those their own static spec"
+                )
+            if hi is not None and hi < lo:
+                raise SpecError(f"dynamic dim {text!r} has its upper bound below its lower bound")
+            return cls(lo, hi)
+        if text.startswith("-") and _INT_RE.match(text[1:]):
+            raise SpecError(f"negative dim {text!r}")
+        if not _INT_RE.match(text):
+            raise SpecError(f"bad dim {text!r}: expected an integer or LO..HI")
+        size = int(text)
+        return cls(size, size)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One example input: a dtype and a shape whose dims may be dynamic ranges."""
+
+    dtype: str
+    dims: tuple[Dim, ...]
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise SpecError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPES)}")
+        if not isinstance(self.dims, tuple) or not all(isinstance(d, Dim) for d in self.dims):
+            # A list would make the frozen value unhashable and unequal to its parse.
+            raise SpecError(f"dims must be a tuple of Dim, got {self.dims!r}")
+        if len(self.dims) > MAX_DIMS:
+            raise SpecError(f"input spec {self} has more than {MAX_DIMS} dims")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The concrete shape of the example input used at compile time."""
+        return tuple(d.example for d in self.dims)
+
+    @property
+    def dynamic_dims(self) -> tuple[int, ...]:
+        return tuple(i for i, d in enumerate(self.dims) if d.dynamic)
+
+    def covers(self, other: TensorSpec) -> bool:
+        """True when an artifact built for ``self`` accepts every input ``other`` describes."""
+        return (
+            self.dtype == other.dtype
+            and len(self.dims) == len(other.dims)
+            and all(a.contains(b) for a, b in zip(self.dims, other.dims, strict=True))
+        )
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(str(d) for d in self.dims)}]"
+
+    @classmethod
+    def parse(cls, text: str) -> TensorSpec:
+        if not isinstance(text, str):
+            raise SpecError(f"input spec must be a string like 'float32[8,64]', got {text!r}")
+        m = _SPEC_RE.match(text)
+        if not m:
+            raise SpecError(
+                f"bad input spec {text!r}: expected DTYPE[D0,D1,...], e.g. float32[8,64]"
+            )
+        dtype = _DTYPE_ALIASES.get(m.group(1), m.group(1))
+        if dtype not in DTYPES:
+            raise SpecError(f"unknown dtype {m.group(1)!r} in {text!r}; known: {', '.join(DTYPES)}")
+        body = m.group(2).strip()
+        dims = tuple(Dim.parse(p) for p in body.split(",")) if body else ()
+        if len(dims) > MAX_DIMS:
+            raise SpecError(f"input spec {text!r} has more than {MAX_DIMS} dims")
+        return cls(dtype, dims)
+
+
+def parse_inputs(specs: Iterable[str]) -> tuple[TensorSpec, ...]:
+    if isinstance(specs, str):
+        # Iterating a string would parse it one character at a time.
+        raise SpecError(f"inputs must be a list of specs like ['float32[8,64]'], got {specs!r}")
+    return tuple(TensorSpec.parse(s) for s in specs)
+
+
+def format_inputs(specs: Sequence[TensorSpec]) -> str:
+    """Canonical text of an input list, used as a column value and in keys."""
+    return ";".join(str(s) for s in specs)
+
+
+def parse_input_list(text: str) -> tuple[TensorSpec, ...]:
+    return parse_inputs(p for p in text.split(";") if p) if text else ()
+
+
+def inputs_cover(artifact: Sequence[TensorSpec], request: Sequence[TensorSpec]) -> bool:
+    return len(artifact) == len(request) and all(
+        a.covers(r) for a, r in zip(artifact, request, strict=True)
+    )
+
+
+class GradMode(str, Enum):
+    """What the artifact is compiled for; guards pin it (grad_mode, inference_mode)."""
+
+    INFERENCE = "inference"  # called under torch.no_grad()
+    TRAINING = "training"  # grad enabled, the artifact supports backward
+
+    def __str__(self) -> str:
+        return self.value
+
+
+COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
+BACKENDS = ("inductor",)
+GUARD_FILTERS = ("drop-unserializable", "keep-all")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    mode: str = "default"
+    backend: str = "inductor"
+    # Which guards to keep when saving: real-world modules carry guards on
+    # closures (ID_MATCH) that cannot be serialized; "drop-unserializable"
+    # drops only those, never tensor or global-state guards.
+    guard_filter: str = "drop-unserializable"
+
+    def __post_init__(self) -> None:
+        if self.mode not in COMPILE_MODES:
+            raise SpecError(f"unknown mode {self.mode!r}; known: {', '.join(COMPILE_MODES)}")
+        if self.backend not in BACKENDS:
+            raise SpecError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
+        if self.guard_filter not in GUARD_FILTERS:
+            raise SpecError(
+                f"unknown guard filter {self.guard_filter!r}; known: {', '.join(GUARD_FILTERS)}"
+            )
+
+    def to_json(self) -> dict[str, str]:
+        return {"mode": self.mode, "backend": self.backend, "guard_filter": self.guard_filter}
+
+    def canonical(self) -> str:
+        return canonical_json(self.to_json())
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> CompileOptions:
+        data = dict(data or {})
+        unknown = set(data) - {"mode", "backend", "guard_filter"}
+        if unknown:
+            raise SpecError(f"unknown compile options: {', '.join(sorted(unknown))}")
+        return cls(**{k: str(v) for k, v in data.items()})
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """An importable callable: a factory returning an nn.Module (with JSON kwargs),
+    or, with ``kind='function'``, a free function compiled as it is."""
+
+    entrypoint: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    kind: str = "factory"
+
+    def __post_init__(self) -> None:
+        if not _ENTRYPOINT_RE.match(self.entrypoint):
+            raise SpecError(
+                f"bad entrypoint {self.entrypoint!r}: expected 'package.module:callable'"
+            )
+        if self.kind not in ("factory", "function"):
+            raise SpecError(f"unknown model kind {self.kind!r}; known: factory, function")
+        if self.kind == "function" and self.kwargs:
+            raise SpecError("a free function takes no factory kwargs")
+        try:
+            canonical_json(dict(self.kwargs))
+        except (TypeError, ValueError) as exc:
+            raise SpecError(f"factory kwargs must be JSON: {exc}") from None
+
+    def __hash__(self) -> int:
+        return hash((self.entrypoint, canonical_json(dict(self.kwargs)), self.kind))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entrypoint": self.entrypoint, "kwargs": dict(self.kwargs), "kind": self.kind}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything needed to build one model for a set of targets."""
+
+    name: str
+    version: str
+    model: ModelRef
+    inputs: tuple[TensorSpec, ...]
+    grad_mode: GradMode = GradMode.INFERENCE
+    options: CompileOptions = field(default_factory=CompileOptions)
+    targets: tuple[str, ...] = ()  # target selectors; empty means every live target
+
+    def __post_init__(self) -> None:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", self.name):
+            raise SpecError(
+                f"bad model name {self.name!r}: letters, digits, '.', '_' and '-', at most 128"
+            )
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$", self.version):
+            raise SpecError(f"bad version {self.version!r}: letters, digits, '.', '_', '+', '-'")
+        if not self.inputs:
+            raise SpecError("a job needs at least one input spec")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "model": self.model.to_json(),
+            "inputs": [str(s) for s in self.inputs],
+            "grad_mode": self.grad_mode.value,
+            "options": self.options.to_json(),
+            "targets": list(self.targets),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
+        try:
+            model = data["model"]
+            grad = data.get("grad_mode", GradMode.INFERENCE.value)
+            try:
+                grad_mode = GradMode(grad)
+            except ValueError:
+                raise SpecError(f"unknown grad_mode {grad!r}; known: inference, training") from None
+            return cls(
+                name=str(data["name"]),
+                version=str(data["version"]),
+                model=ModelRef(
+                    entrypoint=str(model["entrypoint"]),
+                    kwargs=dict(model.get("kwargs") or {}),
+                    kind=str(model.get("kind", "factory")),
+                ),
+                inputs=parse_inputs(data["inputs"]),
+                grad_mode=grad_mode,
+                options=CompileOptions.from_json(data.get("options")),
+                targets=tuple(str(t) for t in data.get("targets") or ()),
+            )
+        except KeyError as exc:
+            raise SpecError(f"job spec is missing {exc.args[0]!r}") from None
+        except (TypeError, AttributeError) as exc:
+            raise SpecError(f"malformed job spec: {exc}") from None
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def sha256_text(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def build_key(
+    *,
+    fingerprint: str,
+    inputs: Sequence[TensorSpec],
+    grad_mode: GradMode,
+    options: CompileOptions,
+    target: str,
+) -> str:
+    """Identity of one build: artifacts are deduplicated on it.
+
+    ``aot_compile`` output is not byte-reproducible, so builds are keyed by
+    what went in, never by the bytes that came out.
+    """
+    return sha256_text(
+        fingerprint, format_inputs(inputs), grad_mode.value, options.canonical(), target
+    )

@@ -1,0 +1,31 @@
+"""Entry points that the sandbox runs in a child process.
+
+Each takes and returns JSON-able dicts, so the parent (a Celery worker) never
+imports model code or holds a model in its own memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from farm.specs import JobSpec
+
+
+def trace_step(payload: dict[str, Any]) -> dict[str, Any]:
+    from farm.trace import trace
+
+    report = trace(JobSpec.from_json(payload["spec"]))
+    return report.to_json()
+
+
+def compile_step(payload: dict[str, Any]) -> dict[str, Any]:
+    from farm.compile import compile_artifacts
+
+    spec = JobSpec.from_json(payload["spec"])
+    arts = compile_artifacts(spec, payload["device"], Path(payload["out_dir"]))
+    return {
+        "artifacts": [
+            {"path": str(a.path), "format": a.format, "meta": a.meta} for a in arts
+        ]
+    }

@@ -1,0 +1,285 @@
+"""SQL schema (SQLAlchemy 2). Alembic migrations in ``migrations/`` must match it.
+
+Identity rules that the constraints enforce:
+- one artifact per (build_key, format); the build key hashes fingerprint,
+  input specs, grad mode, options and target (``farm.specs.build_key``), so a
+  duplicate artifact for the same inputs and target cannot exist;
+- one blob digest may back several artifact rows only if their build keys
+  differ (the bytes are content-addressed, the rows are not);
+- one build per (job, target).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """``DateTime(timezone=True)`` that is aware and in UTC on every backend.
+
+    SQLite has no time zone type: it drops the offset on write and hands back
+    naive values, so ``utcnow() - row.last_seen`` would raise there and work on
+    PostgreSQL. Naive values written by callers are taken as UTC.
+    """
+
+    impl = DateTime
+    cache_ok = True
+
+    def __init__(self) -> None:
+        super().__init__(timezone=True)
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Model(Base):
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    versions: Mapped[list[ModelVersion]] = relationship(back_populates="model")
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    version: Mapped[str] = mapped_column(String(64))
+    entrypoint: Mapped[str] = mapped_column(String(512))
+    kwargs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    kind: Mapped[str] = mapped_column(String(16), default="factory")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    model: Mapped[Model] = relationship(back_populates="versions")
+
+
+class Alias(Base):
+    """A named pointer at a version, e.g. ``prod`` -> 1.4.2."""
+
+    __tablename__ = "aliases"
+    __table_args__ = (UniqueConstraint("model_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"))
+    updated_at: Mapped[datetime] = mapped_column(
+        UTCDateTime(), default=utcnow, onupdate=utcnow
+    )
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    inputs: Mapped[str] = mapped_column(Text)  # canonical, farm.specs.format_inputs
+    grad_mode: Mapped[str] = mapped_column(String(16))
+    options: Mapped[str] = mapped_column(Text)  # canonical JSON
+    # queued -> tracing -> compiling -> succeeded | failed | partial
+    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    param_count: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    param_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    flops: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    trace_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    log: Mapped[str | None] = mapped_column(Text, nullable=True)
+    submitted_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(
+        UTCDateTime(), default=utcnow, onupdate=utcnow
+    )
+
+    builds: Mapped[list[Build]] = relationship(back_populates="job", order_by="Build.target")
+
+
+class Build(Base):
+    """One job's work for one target."""
+
+    __tablename__ = "builds"
+    __table_args__ = (UniqueConstraint("job_id", "target"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    target: Mapped[str] = mapped_column(String(512))
+    build_key: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    # pending (waiting on trace) -> queued -> running -> succeeded | failed | reused
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    compile_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    artifact_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    verified: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    max_abs_err: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_call_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_call_compiles: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    log: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    job: Mapped[Job] = relationship(back_populates="builds")
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+    __table_args__ = (
+        UniqueConstraint("build_key", "format"),
+        Index("ix_artifacts_lookup", "fingerprint", "device", "torch_version"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), index=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    format: Mapped[str] = mapped_column(String(16))
+    build_key: Mapped[str] = mapped_column(String(64))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    inputs: Mapped[str] = mapped_column(Text)
+    grad_mode: Mapped[str] = mapped_column(String(16))
+    options: Mapped[str] = mapped_column(Text)
+    target: Mapped[str] = mapped_column(String(512))
+    # The target's fields as columns, so operators can query them and the
+    # resolver's inputs are visible in SQL.
+    device: Mapped[str] = mapped_column(String(16))
+    gpu_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    capability: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    torch_version: Mapped[str] = mapped_column(String(64))
+    triton_version: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    python_version: Mapped[str] = mapped_column(String(16))
+    cuda_version: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    cpu_isa: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    threads: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    verified: Mapped[bool] = mapped_column(Boolean, default=False)
+    first_call_compiles: Mapped[bool] = mapped_column(Boolean, default=False)
+    max_abs_err: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_call_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    load_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    signature: Mapped[str | None] = mapped_column(Text, nullable=True)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class VersionArtifact(Base):
+    """Which artifacts serve which model version (an artifact may serve several:
+    two versions with the same graph share their builds)."""
+
+    __tablename__ = "version_artifacts"
+    __table_args__ = (UniqueConstraint("version_id", "artifact_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"))
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"))
+
+
+class CompileClaim(Base):
+    """At most one compile in flight per build key.
+
+    Whoever inserts the row (the primary key makes that atomic on PostgreSQL
+    and SQLite alike) enqueues the compile task; every other build with the
+    same key waits for that task, which finishes them all. A failed claim can
+    be taken again by a later job.
+    """
+
+    __tablename__ = "compile_claims"
+
+    build_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    target: Mapped[str] = mapped_column(String(512))
+    # queued -> running -> succeeded | failed
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    worker: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(
+        UTCDateTime(), default=utcnow, onupdate=utcnow
+    )
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the token
+    role: Mapped[str] = mapped_column(String(16))  # read | submit | admin
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WorkerHeartbeat(Base):
+    """Live workers: a compile worker registers its target here on start and
+    refreshes ``last_seen``; a target is live while a recent heartbeat exists."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(256), primary_key=True)  # hostname:pid
+    kind: Mapped[str] = mapped_column(String(16))  # trace | compile
+    target: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    queue: Mapped[str] = mapped_column(String(600))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+
+
+class ResolveMiss(Base):
+    """A fleet node asked for something the farm could not serve."""
+
+    __tablename__ = "resolve_misses"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(128))
+    version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    inputs: Mapped[str] = mapped_column(Text)
+    grad_mode: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(512))
+    reasons: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -1,0 +1,51 @@
+"""The Celery application.
+
+Delivery rules (DESIGN.md): tasks take ids, not objects; every task here is
+idempotent, so ``acks_late`` with ``task_reject_on_worker_lost`` is safe and a
+worker killed mid-task has its message delivered again. Results live in SQL,
+not in a result backend.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+from farm.settings import get_settings
+from workers.routing import TASK_ROUTES, TRACE_QUEUE
+
+
+def make_celery() -> Celery:
+    settings = get_settings()
+    broker = settings.resolved_broker_url()
+    if broker.startswith("sqla+sqlite:///"):
+        settings.farm_home.mkdir(parents=True, exist_ok=True)
+    app = Celery("torch_farm", broker=broker, include=["workers.tasks"])
+    visibility = int(os.environ.get("FARM_VISIBILITY_TIMEOUT_S", settings.build_timeout_s * 2 + 300))
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=TRACE_QUEUE,
+        task_queues=[Queue(TRACE_QUEUE)],
+        task_routes=TASK_ROUTES,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        # Redis: how long a delivered, unacknowledged message waits before it is
+        # given to another worker. Longer than the longest build, or a slow build
+        # would run twice; a dead worker's build is picked up sooner by the
+        # claim sweep (workers.tasks.sweep), which watches heartbeats.
+        broker_transport_options={"visibility_timeout": visibility},
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    return app
+
+
+app = make_celery()

@@ -1,0 +1,33 @@
+"""`farm worker trace|compile`: start a Celery worker on the right queue."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+
+def run_worker(kind: str, *, device: str | None = None, concurrency: int = 1,
+               loglevel: str = "INFO", hostname: str | None = None) -> None:
+    from farm.target import detect_local_target
+    from workers import lifecycle
+    from workers.app import app
+    from workers.routing import TRACE_QUEUE
+
+    if kind == "trace":
+        queue, target = TRACE_QUEUE, None
+    elif kind == "compile":
+        t = detect_local_target(device)
+        queue, target = t.queue, str(t)
+        print(f"compile worker for target {t}", flush=True)
+    else:
+        raise SystemExit(f"unknown worker kind {kind!r}; known: trace, compile")
+    lifecycle.configure(kind=kind, queue=queue, target=target)
+    # Solo pool: the work runs in sandbox children anyway, and a solo worker
+    # killed with -9 takes nothing else down with it.
+    argv = ["worker", "-Q", queue, "--pool", "solo" if concurrency == 1 else "threads",
+            "--concurrency", str(concurrency), "--loglevel", loglevel, "--without-gossip",
+            "--without-mingle"]
+    argv += ["--hostname", hostname or f"{kind}@%h-{os.getpid()}"]
+    app.worker_main(argv)

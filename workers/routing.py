@@ -1,0 +1,28 @@
+"""Queues and routes, in one place.
+
+``trace`` is consumed by CPU hosts. Each target has its own compile queue,
+named after the target's canonical string, consumed only by workers whose own
+device and toolchain are that target; a compile task is sent straight to its
+target's queue.
+"""
+
+from __future__ import annotations
+
+from farm.target import Target
+
+TRACE_QUEUE = "trace"
+TRACE_TASK = "farm.trace"
+COMPILE_TASK = "farm.compile"
+SWEEP_TASK = "farm.sweep"
+
+
+def compile_queue(target: Target | str) -> str:
+    t = Target.parse(target) if isinstance(target, str) else target
+    return t.queue
+
+
+TASK_ROUTES = {
+    TRACE_TASK: {"queue": TRACE_QUEUE},
+    SWEEP_TASK: {"queue": TRACE_QUEUE},
+    # COMPILE_TASK is routed per call: apply_async(queue=compile_queue(target)).
+}

@@ -1,0 +1,180 @@
+"""Celery tasks: thin. They move ids between the queue, the sandbox that runs
+model code, the blob store and ``registry.service``.
+
+Retry policy: only infrastructure errors (database or blob store unreachable)
+are retried, with backoff and a bound; a model that fails to trace or compile
+is a failed build with its traceback, never a retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Retry
+from sqlalchemy.exc import OperationalError
+
+from farm.sandbox import SandboxResult, run_isolated
+from farm.specs import JobSpec
+from farm.target import Target
+from registry import service
+from registry.db import DatabaseUnavailable
+from workers import context
+from workers.app import app
+from workers.routing import COMPILE_TASK, SWEEP_TASK, TRACE_TASK
+
+log = logging.getLogger(__name__)
+
+# Errors of the farm's own infrastructure, worth retrying.
+RETRYABLE: tuple[type[BaseException], ...] = (DatabaseUnavailable, OperationalError, ConnectionError,
+                                              TimeoutError)
+try:  # botocore is only there with the S3 store
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    RETRYABLE = (*RETRYABLE, BotoCoreError, ClientError)
+except ImportError:  # pragma: no cover
+    pass
+
+
+class FarmTask(Task):  # type: ignore[misc]
+    acks_late = True
+    reject_on_worker_lost = True
+    max_retries = 8
+    retry_backoff = True
+    retry_backoff_max = 120
+    retry_jitter = True
+    autoretry_for = RETRYABLE
+
+
+def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
+    """A one-paragraph error and the full log for a failed child."""
+    if res.timed_out:
+        head = f"timed out after {res.wall_s:.0f} s"
+    elif res.oom:
+        head = f"exceeded its memory limit ({res.peak_rss_mb:.0f} MB peak)"
+    elif res.signal:
+        head = f"crashed with signal {res.signal}"
+    else:
+        head = f"{res.error_type}: {res.error}" if res.error_type else f"exited with code {res.exit_code}"
+    parts = [head]
+    if res.traceback:
+        parts.append(res.traceback)
+    if res.stderr_tail:
+        parts.append("--- stderr (tail) ---\n" + res.stderr_tail)
+    return head, "\n".join(parts)
+
+
+def enqueue_trace(job_id: str) -> None:
+    trace_task.apply_async((job_id,))
+
+
+def enqueue_compile(dispatch: service.CompileDispatch) -> None:
+    compile_task.apply_async((dispatch.build_key, dispatch.target), queue=dispatch.queue)
+
+
+@app.task(name=TRACE_TASK, base=FarmTask, bind=True)
+def trace_task(self: Task, job_id: str) -> None:
+    db = context.database()
+    s = context.settings()
+    spec = service.start_trace(db, job_id)
+    if spec is None:
+        log.info("job %s is past tracing; nothing to do", job_id)
+        return
+    res = run_isolated("farm.steps:trace_step", {"spec": spec.to_json()},
+                       timeout_s=s.trace_timeout_s, memory_mb=s.build_memory_mb)
+    if not res.ok:
+        head, full = _sandbox_error(res)
+        log.warning("job %s failed to trace: %s", job_id, head)
+        service.fail_job(db, job_id, error=head, log_text=full)
+        return
+    assert res.value is not None
+    for d in service.record_trace(db, job_id, res.value):
+        enqueue_compile(d)
+
+
+@app.task(name=COMPILE_TASK, base=FarmTask, bind=True)
+def compile_task(self: Task, build_key: str, target_text: str) -> None:
+    db = context.database()
+    target = Target.parse(target_text)
+    me = context.local_target(target.device)
+    if me != target:
+        # Routing sent us another target's work (misconfigured queues): give it back.
+        from celery.exceptions import Reject
+
+        raise Reject(f"worker target {me} is not {target}", requeue=True)
+    decision = service.begin_compile(db, build_key, worker_id=context.worker_id(),
+                                     heartbeat_max_age_s=context.heartbeat_max_age_s())
+    if decision.action == "done":
+        return
+    if decision.action == "busy":
+        # Another live worker owns it (we got a redelivery). Check back later
+        # rather than drop the message: if that worker dies, we take over.
+        raise self.retry(countdown=15, max_retries=None)
+    assert decision.spec is not None and decision.fingerprint is not None
+    try:
+        _compile_and_store(build_key, target, decision.spec, decision.fingerprint)
+    except Retry:
+        raise
+    except RETRYABLE:
+        raise
+    except Exception as exc:  # a bug of ours: fail the build, keep the worker serving
+        log.exception("compile of %s failed", build_key)
+        service.fail_compile(db, build_key, error=f"internal error: {exc!r}")
+
+
+def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint: str) -> None:
+    from farm.verify import verify_artifact
+
+    db = context.database()
+    store = context.blob_store()
+    s = context.settings()
+    with tempfile.TemporaryDirectory(prefix="farm-build-") as tmp:
+        t0 = time.monotonic()
+        res = run_isolated("farm.steps:compile_step",
+                           {"spec": spec.to_json(), "device": target.device, "out_dir": tmp},
+                           timeout_s=s.build_timeout_s, memory_mb=s.build_memory_mb)
+        compile_s = time.monotonic() - t0
+        if not res.ok:
+            head, full = _sandbox_error(res)
+            service.fail_compile(db, build_key, error=head, log_text=full)
+            return
+        assert res.value is not None
+        new: list[service.NewArtifact] = []
+        logs: list[str] = [f"compiled in {compile_s:.1f} s"]
+        for art in res.value["artifacts"]:
+            path = Path(art["path"])
+            report = verify_artifact(spec, path, art["format"], device=target.device)
+            logs.append(f"verify {art['format']}: {report.summary()}")
+            if not report.ok:
+                service.fail_compile(
+                    db, build_key,
+                    error=f"{art['format']} artifact failed verification: {report.error}",
+                    log_text="\n".join(logs),
+                )
+                return
+            # Blob first, row second: a row never points at a missing blob.
+            info = store.put_file(path)
+            new.append(service.NewArtifact(
+                digest=info.digest, size=info.size, format=art["format"], verified=True,
+                first_call_compiles=bool(report.first_call_compiled),
+                max_abs_err=report.max_abs_err, first_call_s=report.first_call_s,
+                load_s=report.load_s,
+                meta={**art.get("meta", {}), "verify": report.to_json()},
+            ))
+        service.finish_compile(db, build_key, target=target, spec=spec, fingerprint=fingerprint,
+                               artifacts=new, compile_s=compile_s, log_text="\n".join(logs))
+
+
+@app.task(name=SWEEP_TASK, base=FarmTask, bind=True)
+def sweep_task(self: Task) -> dict[str, Any]:
+    """Re-enqueue compile claims whose worker died or whose task never got sent."""
+    db = context.database()
+    again = service.requeue_stale_claims(db, max_age_s=context.heartbeat_max_age_s())
+    for d in again:
+        log.warning("re-enqueueing stale build %s for %s", d.build_key[:12], d.target)
+        enqueue_compile(d)
+    return {"requeued": len(again)}
