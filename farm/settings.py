@@ -48,17 +48,17 @@ class Settings(BaseSettings):
     client_cache_max_bytes: int = 10 * 1024**3
 
     def resolved_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.farm_home / 'farm.db'}"
+        return self.database_url or f"sqlite:///{(self.farm_home / 'farm.db').resolve()}"
 
     def resolved_broker_url(self) -> str:
         if self.broker_url:
             return self.broker_url
         if self.redis_url:
             return self.redis_url
-        return f"sqla+sqlite:///{self.farm_home / 'broker.db'}"
+        return f"sqla+sqlite:///{(self.farm_home / 'broker.db').resolve()}"
 
     def resolved_blob_store_url(self) -> str:
-        return self.blob_store_url or f"file://{self.farm_home / 'blobs'}"
+        return self.blob_store_url or (self.farm_home / "blobs").resolve().as_uri()
 
     def resolved_cache_dir(self) -> Path:
         return self.client_cache_dir or (self.farm_home / "cache")

@@ -1,0 +1,122 @@
+"""ORM rows to plain entities and back.
+
+Rows store specs in their canonical text forms (``farm.specs.format_inputs``,
+``CompileOptions.canonical``, ``str(Target)``); these functions are the only
+place that turns them back into values, so a row that does not parse fails
+here, loudly, and never reaches the resolver.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from farm.specs import (
+    CompileOptions,
+    GradMode,
+    SpecError,
+    TensorSpec,
+    build_key,
+    format_inputs,
+    parse_input_list,
+)
+from farm.target import Target, TargetError
+from registry import models
+from registry.entities import FORMATS, ArtifactRecord
+
+# Artifact columns that mirror the target's fields, by Target attribute name.
+TARGET_COLUMNS = (
+    "device",
+    "gpu_name",
+    "capability",
+    "torch_version",
+    "triton_version",
+    "python_version",
+    "cuda_version",
+    "cpu_isa",
+    "threads",
+)
+
+
+class BadRow(ValueError):
+    """A stored row whose values do not parse or contradict each other."""
+
+
+def artifact_to_record(row: models.Artifact) -> ArtifactRecord:
+    """The plain value of an artifact row; call it before the session closes."""
+    try:
+        target = Target.parse(row.target)
+        record = ArtifactRecord(
+            id=row.id,
+            digest=row.digest,
+            size=row.size,
+            format=row.format,
+            fingerprint=row.fingerprint,
+            build_key=row.build_key,
+            inputs=parse_input_list(row.inputs),
+            grad_mode=GradMode(row.grad_mode),
+            options=CompileOptions.from_json(json.loads(row.options)),
+            target=target,
+            verified=bool(row.verified),
+            first_call_compiles=bool(row.first_call_compiles),
+            max_abs_err=row.max_abs_err,
+            first_call_s=row.first_call_s,
+            load_s=row.load_s,
+            signature=row.signature,
+            created_at=row.created_at,
+            meta=dict(row.meta or {}),
+        )
+    except (SpecError, TargetError, ValueError, TypeError) as exc:
+        raise BadRow(f"artifact {row.id} does not parse: {exc}") from exc
+    # The resolver reads the target string while operators query the columns;
+    # a row where they disagree would be served for the wrong machine.
+    mismatched = [name for name in TARGET_COLUMNS if getattr(row, name) != getattr(target, name)]
+    if mismatched:
+        raise BadRow(
+            f"artifact {row.id}: column(s) {', '.join(mismatched)} disagree with "
+            f"its target {row.target!r}"
+        )
+    return record
+
+
+def artifact_row(
+    *,
+    digest: str,
+    size: int,
+    format: str,
+    fingerprint: str,
+    inputs: Sequence[TensorSpec],
+    grad_mode: GradMode,
+    options: CompileOptions,
+    target: Target,
+    **extra: Any,
+) -> models.Artifact:
+    """A new artifact row with its build key and target columns derived, not typed.
+
+    ``extra`` sets the remaining columns (``verified``, ``max_abs_err``,
+    ``signature``, ``meta``, ...).
+    """
+    if format not in FORMATS:
+        raise ValueError(f"unknown artifact format {format!r}; known: {', '.join(FORMATS)}")
+    target_text = str(target)
+    row = models.Artifact(
+        digest=digest,
+        size=size,
+        format=format,
+        build_key=build_key(
+            fingerprint=fingerprint,
+            inputs=inputs,
+            grad_mode=grad_mode,
+            options=options,
+            target=target_text,
+        ),
+        fingerprint=fingerprint,
+        inputs=format_inputs(inputs),
+        grad_mode=grad_mode.value,
+        options=options.canonical(),
+        target=target_text,
+        **{name: getattr(target, name) for name in TARGET_COLUMNS},
+        **extra,
+    )
+    return row

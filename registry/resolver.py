@@ -1,0 +1,375 @@
+"""Which stored artifacts a node can load, best first, and why the others cannot.
+
+``resolve`` is a pure function of the candidates and the facts the node states
+about itself: no database, no torch import, no clock. The API calls it on the
+rows of one model version; tests call it on plain records.
+
+Rules, checked in this order; a candidate is rejected with the FIRST rule it
+breaks (``Rejection.code`` names the rule, ``Rejection.reason`` is one of the
+``MSG_*`` format strings below, filled in):
+
+ 1. ``format``      the artifact's format is known and, when ``formats`` is given,
+                    among them.
+ 2. ``unverified``  the build worker loaded it in a fresh process and it matched
+                    eager (``verified``).
+ 3. ``device``      it was built for the device the node asks for. torch itself
+                    refuses a cuda artifact where cuda is not available; a cpu
+                    artifact would run a cuda node's model on its CPU, which is
+                    not what that node asked for.
+
+    torch's own ``SystemInfo.check_compatibility`` (torch/_dynamo/package.py;
+    the same rules in 2.11, 2.13 and 2.14.1). torch runs it from two loaders
+    with the receiver swapped: ``load_compiled_function`` as
+    ``current.check_compatibility(artifact)``, the precompile cache as
+    ``artifact.check_compatibility(current)``. Where torch exempts the
+    ``other`` side's missing value, which side that is depends on the loader,
+    so the resolver compares both ways and accepts nothing either refuses:
+
+ 4. ``python``      Python version string equal (``platform.python_version()``,
+                    so 3.11.7 and 3.11.9 differ).
+ 5. ``torch``       torch version string equal, local suffix included
+                    (2.11.0+cu130 and 2.11.0+cu128 differ).
+ 6. ``cuda``        cuda artifacts: CUDA toolkit (``torch.version.cuda``) equal.
+ 7. ``triton``      cuda artifacts: Triton major.minor equal; a side without
+                    Triton (torch's (0, 0)) equals only another without.
+ 8. ``gpu``         cuda artifacts: GPU name equal (a cuda Target always has one).
+
+    Stricter than torch, where it is silently wrong or late:
+
+ 9. ``capability``  cuda artifacts: compute capability equal when both sides
+                    know it (torch compares the name only).
+10. ``isa``         cpu artifacts: CPU vector ISA equal, and known on both sides.
+                    Released torch (2.11 to 2.14.1) does not check it; generated
+                    code bakes it in, and a mismatch gave wrong numbers (AVX-512
+                    code on an AVX2 node) or a crash (the reverse). An artifact of
+                    another device that records an ISA (CPU kernels inside it) is
+                    held to it too, as torch's pending ``cpu_codegen_target`` check
+                    does for mixed graphs.
+11. ``threads``     an artifact that records a thread count needs a node that
+                    runs exactly that many (it is guarded and baked into CPU code
+                    as ``num_threads(N)``). One that records none is accepted:
+                    nothing to compare, and a mismatch fails a guard loudly.
+
+    What the artifact is for:
+
+12. ``grad_mode``   grad mode equal: guards pin it.
+13. ``options``     when ``options`` is given, mode, backend and guard filter all
+                    equal. When it is None, any options are accepted (see the order).
+14. ``inputs``      the artifact's input specs cover the requested ones
+                    (``farm.specs.inputs_cover``): same count, dtypes and ranks,
+                    and every requested dim, static or a range, inside the
+                    artifact's (a dynamic range serves every shape inside it).
+
+Preference among the accepted, best first (``Resolution.accepted``):
+
+ 1. finished before unfinished: an artifact whose first call still compiles
+    (``first_call_compiles``) costs the node seconds on the fleet.
+ 2. format, per device (``FORMAT_PREFERENCE``): on cpu ``aoti`` before
+    ``aot_compile``, because a CPU ``aot_compile`` artifact holds C++ source that
+    is recompiled at load (as slow as a JIT compile cold, and it needs a
+    compiler on the node); on cuda ``aot_compile`` first.
+ 3. options, which only differ when the request names none: the default
+    ``CompileOptions()`` first, then by ``COMPILE_MODES`` and ``GUARD_FILTERS``
+    order. A caller that asks for nothing gets the default semantics when such
+    an artifact exists; ``max-autotune`` brings CUDA graphs, whose outputs are
+    overwritten by the next call.
+ 4. specificity: exact static shapes first, then dynamic ranges by how much
+    they serve (fewer unbounded dims, then fewer concrete shapes).
+ 5. newest ``created_at`` first (unknown last).
+ 6. lower ``id`` first, so the order is total and deterministic.
+
+``Resolution.rejected`` is ordered by artifact id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from farm.specs import (
+    COMPILE_MODES,
+    GUARD_FILTERS,
+    CompileOptions,
+    GradMode,
+    TensorSpec,
+    format_inputs,
+    inputs_cover,
+)
+from farm.target import Target
+from registry.entities import FORMATS, ArtifactRecord
+
+# Rejection codes, in the order the rules run.
+FORMAT = "format"
+UNVERIFIED = "unverified"
+DEVICE = "device"
+PYTHON = "python"
+TORCH = "torch"
+CUDA = "cuda"
+TRITON = "triton"
+GPU = "gpu"
+CAPABILITY = "capability"
+ISA = "isa"
+THREADS = "threads"
+GRAD_MODE = "grad_mode"
+OPTIONS = "options"
+INPUTS = "inputs"
+CODES: tuple[str, ...] = (
+    FORMAT,
+    UNVERIFIED,
+    DEVICE,
+    PYTHON,
+    TORCH,
+    CUDA,
+    TRITON,
+    GPU,
+    CAPABILITY,
+    ISA,
+    THREADS,
+    GRAD_MODE,
+    OPTIONS,
+    INPUTS,
+)
+
+# Rejection messages. Values are shown as stored; None never reaches a message
+# whose wording assumes a value (those cases have their own message).
+MSG_UNKNOWN_FORMAT = "unknown format {format!r}; known: {known}"
+MSG_FORMAT = "format {format!r} is not among the requested formats: {wanted}"
+MSG_UNVERIFIED = (
+    "failed verification: the build worker could not load it in a fresh process and match eager"
+)
+MSG_DEVICE = "built for device {artifact}, the node asks for {node}"
+MSG_PYTHON = "built with Python {artifact}, the node runs Python {node}; torch refuses to load it"
+MSG_TORCH = "built with torch {artifact}, the node runs torch {node}; torch refuses to load it"
+MSG_CUDA = (
+    "built with CUDA toolkit {artifact}, the node has CUDA toolkit {node}; torch refuses to load it"
+)
+MSG_TRITON = (
+    "built with Triton {artifact}, the node has Triton {node}; "
+    "torch refuses a different Triton major.minor"
+)
+MSG_TRITON_NODE_NONE = (
+    "built with Triton {artifact}, the node has no Triton; torch refuses to load it"
+)
+MSG_TRITON_ARTIFACT_NONE = (
+    "built without Triton, the node has Triton {node}; torch's precompile cache refuses it"
+)
+MSG_GPU = "built for GPU {artifact!r}, the node has GPU {node!r}; torch refuses to load it"
+MSG_CAPABILITY = (
+    "built for compute capability {artifact}, the node's GPU has compute capability {node}"
+)
+MSG_ISA = (
+    "built for CPU vector ISA {artifact!r}, the node's is {node!r}; the ISA is baked into "
+    "the generated code and torch does not check it (wrong numbers or a crash)"
+)
+MSG_ISA_ARTIFACT_UNKNOWN = (
+    "records no CPU vector ISA, so it cannot be matched to the node's ({node!r})"
+)
+MSG_ISA_NODE_UNKNOWN = "built for CPU vector ISA {artifact!r}, the node reports no CPU vector ISA"
+MSG_THREADS = (
+    "built for {artifact} threads, the node runs {node} threads; the thread count is "
+    "guarded and baked into CPU code"
+)
+MSG_THREADS_NODE_UNKNOWN = "built for {artifact} threads, the node does not report its thread count"
+MSG_GRAD_MODE = "compiled for grad mode {artifact}, requested {requested}; guards pin it"
+MSG_OPTIONS = "compiled with options {artifact}, requested {requested}"
+MSG_INPUTS = "input specs {artifact} do not cover the requested {requested}"
+
+# Best first, per artifact device. See the module docstring for why.
+FORMAT_PREFERENCE: dict[str, tuple[str, ...]] = {
+    "cpu": ("aoti", "aot_compile"),
+    "cuda": ("aot_compile", "aoti"),
+}
+
+
+@dataclass(frozen=True)
+class Rejection:
+    artifact: ArtifactRecord
+    code: str  # one of CODES
+    reason: str
+
+    def __str__(self) -> str:
+        return f"artifact {self.artifact.id}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Resolution:
+    accepted: list[ArtifactRecord]
+    rejected: list[Rejection]
+
+    @property
+    def best(self) -> ArtifactRecord | None:
+        return self.accepted[0] if self.accepted else None
+
+
+def _major_minor(version: str | None) -> str | None:
+    """Triton as torch compares it: (major, minor)."""
+    if version is None:
+        return None
+    return ".".join(version.split(".")[:2])
+
+
+def check(
+    artifact: ArtifactRecord,
+    *,
+    target: Target,
+    inputs: Sequence[TensorSpec],
+    grad_mode: GradMode,
+    options: CompileOptions | None = None,
+    formats: Sequence[str] | None = None,
+) -> tuple[str, str] | None:
+    """``(code, reason)`` for the first rule ``artifact`` breaks, or None if it loads."""
+    a = artifact.target
+    if artifact.format not in FORMATS:
+        return FORMAT, MSG_UNKNOWN_FORMAT.format(format=artifact.format, known=", ".join(FORMATS))
+    if formats is not None and artifact.format not in formats:
+        return FORMAT, MSG_FORMAT.format(format=artifact.format, wanted=", ".join(formats))
+    if not artifact.verified:
+        return UNVERIFIED, MSG_UNVERIFIED
+    if a.device != target.device:
+        return DEVICE, MSG_DEVICE.format(artifact=a.device, node=target.device)
+
+    if a.python_version != target.python_version:
+        return PYTHON, MSG_PYTHON.format(artifact=a.python_version, node=target.python_version)
+    if a.torch_version != target.torch_version:
+        return TORCH, MSG_TORCH.format(artifact=a.torch_version, node=target.torch_version)
+    if a.device == "cuda":
+        if a.cuda_version != target.cuda_version:
+            return CUDA, MSG_CUDA.format(artifact=a.cuda_version, node=target.cuda_version)
+        art_triton = _major_minor(a.triton_version)
+        node_triton = _major_minor(target.triton_version)
+        if art_triton != node_triton:
+            if node_triton is None:
+                return TRITON, MSG_TRITON_NODE_NONE.format(artifact=art_triton)
+            if art_triton is None:
+                return TRITON, MSG_TRITON_ARTIFACT_NONE.format(node=node_triton)
+            return TRITON, MSG_TRITON.format(artifact=art_triton, node=node_triton)
+        if a.gpu_name != target.gpu_name:
+            return GPU, MSG_GPU.format(artifact=a.gpu_name, node=target.gpu_name)
+        if (
+            a.capability is not None
+            and target.capability is not None
+            and a.capability != target.capability
+        ):
+            return CAPABILITY, MSG_CAPABILITY.format(artifact=a.capability, node=target.capability)
+
+    # A cpu artifact is always CPU code; another device's artifact only holds
+    # CPU kernels when its build recorded the ISA they were built for.
+    if a.device == "cpu" or a.cpu_isa is not None:
+        if a.cpu_isa is None:
+            return ISA, MSG_ISA_ARTIFACT_UNKNOWN.format(node=target.cpu_isa)
+        if target.cpu_isa is None:
+            return ISA, MSG_ISA_NODE_UNKNOWN.format(artifact=a.cpu_isa)
+        if a.cpu_isa != target.cpu_isa:
+            return ISA, MSG_ISA.format(artifact=a.cpu_isa, node=target.cpu_isa)
+    if a.threads is not None and a.threads != target.threads:
+        if target.threads is None:
+            return THREADS, MSG_THREADS_NODE_UNKNOWN.format(artifact=a.threads)
+        return THREADS, MSG_THREADS.format(artifact=a.threads, node=target.threads)
+
+    if artifact.grad_mode != grad_mode:
+        return GRAD_MODE, MSG_GRAD_MODE.format(artifact=artifact.grad_mode, requested=grad_mode)
+    if options is not None and artifact.options != options:
+        return OPTIONS, MSG_OPTIONS.format(
+            artifact=artifact.options.canonical(), requested=options.canonical()
+        )
+    if not inputs_cover(artifact.inputs, inputs):
+        return INPUTS, MSG_INPUTS.format(
+            artifact=format_inputs(artifact.inputs) or "(none)",
+            requested=format_inputs(inputs) or "(none)",
+        )
+    return None
+
+
+def _index(seq: Sequence[str], value: str) -> int:
+    return seq.index(value) if value in seq else len(seq)
+
+
+def _served(specs: Sequence[TensorSpec]) -> tuple[int, int]:
+    """(unbounded dims, concrete shapes served by the bounded ones): smaller is narrower.
+
+    A static spec serves exactly one shape: (0, 1), ahead of every range.
+    """
+    unbounded = 0
+    shapes = 1
+    for spec in specs:
+        for dim in spec.dims:
+            if dim.hi is None:
+                unbounded += 1
+            else:
+                shapes *= dim.hi - dim.lo + 1
+    return unbounded, shapes
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _micros(when: datetime) -> int:
+    # SQLite hands back naive datetimes; the registry writes UTC.
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return (when - _EPOCH) // timedelta(microseconds=1)
+
+
+def preference_key(artifact: ArtifactRecord) -> tuple[object, ...]:
+    """Sort key for accepted artifacts: smaller is better (see the module docstring)."""
+    # Newest first; an unknown time sorts after every known one.
+    created = artifact.created_at
+    age = (1, 0) if created is None else (0, -_micros(created))
+    opts = artifact.options
+    return (
+        artifact.first_call_compiles,
+        _index(FORMAT_PREFERENCE.get(artifact.target.device, FORMATS), artifact.format),
+        (
+            opts != CompileOptions(),
+            _index(COMPILE_MODES, opts.mode),
+            _index(GUARD_FILTERS, opts.guard_filter),
+            opts.backend,
+        ),
+        _served(artifact.inputs),
+        age,
+        artifact.id,
+    )
+
+
+def resolve(
+    candidates: Sequence[ArtifactRecord],
+    *,
+    target: Target,
+    inputs: Sequence[TensorSpec],
+    grad_mode: GradMode,
+    options: CompileOptions | None = None,
+    formats: Sequence[str] | None = None,
+) -> Resolution:
+    """Split ``candidates`` into what ``target`` can load (best first) and the rest, with reasons.
+
+    ``target`` is the node's own target for the device it will run on;
+    ``inputs`` may hold dynamic ranges, which an artifact must cover whole.
+    ``formats`` restricts the formats the node can load; it does not reorder them.
+    """
+    if isinstance(formats, str):
+        raise ValueError(f"formats must be a sequence of format names, got {formats!r}")
+    if formats is not None:
+        unknown = [f for f in formats if f not in FORMATS]
+        if unknown:
+            raise ValueError(
+                f"unknown formats requested: {', '.join(unknown)}; known: {', '.join(FORMATS)}"
+            )
+    accepted: list[ArtifactRecord] = []
+    rejected: list[Rejection] = []
+    for artifact in candidates:
+        problem = check(
+            artifact,
+            target=target,
+            inputs=inputs,
+            grad_mode=grad_mode,
+            options=options,
+            formats=formats,
+        )
+        if problem is None:
+            accepted.append(artifact)
+        else:
+            rejected.append(Rejection(artifact=artifact, code=problem[0], reason=problem[1]))
+    accepted.sort(key=preference_key)
+    rejected.sort(key=lambda r: r.artifact.id)
+    return Resolution(accepted=accepted, rejected=rejected)

@@ -1,0 +1,310 @@
+"""Input specs, compile options and build keys: parse/str round trips and clear errors."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from farm.specs import (
+    DTYPES,
+    MAX_DIMS,
+    CompileOptions,
+    Dim,
+    GradMode,
+    JobSpec,
+    SpecError,
+    TensorSpec,
+    build_key,
+    format_inputs,
+    inputs_cover,
+    parse_input_list,
+    parse_inputs,
+    sha256_text,
+)
+
+# --------------------------------------------------------------------------- #
+# Round trips
+# --------------------------------------------------------------------------- #
+
+
+@st.composite
+def dims(draw: st.DrawFn) -> Dim:
+    if draw(st.booleans()):
+        size = draw(st.integers(0, 10**6))
+        return Dim(size, size)
+    lo = draw(st.integers(2, 10**6))
+    hi = draw(st.one_of(st.none(), st.integers(lo + 1, 10**7)))
+    return Dim(lo, hi)
+
+
+tensor_specs = st.builds(
+    TensorSpec,
+    dtype=st.sampled_from(DTYPES),
+    dims=st.lists(dims(), max_size=MAX_DIMS).map(tuple),
+)
+
+
+@given(dims())
+def test_dim_round_trip(dim: Dim) -> None:
+    assert Dim.parse(str(dim)) == dim
+
+
+@given(tensor_specs)
+def test_tensor_spec_round_trip(spec: TensorSpec) -> None:
+    text = str(spec)
+    assert TensorSpec.parse(text) == spec
+    assert str(TensorSpec.parse(text)) == text
+
+
+@given(st.lists(tensor_specs, max_size=5))
+def test_input_list_round_trip(specs: list[TensorSpec]) -> None:
+    assert parse_input_list(format_inputs(specs)) == tuple(specs)
+
+
+@given(tensor_specs)
+def test_a_spec_covers_itself(spec: TensorSpec) -> None:
+    assert spec.covers(spec)
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        ("float32[8,64]", "float32[8,64]"),
+        ("  bf16 [ 8 , 512 ]  ", "bfloat16[8,512]"),
+        ("fp16[2..64, 128]", "float16[2..64,128]"),
+        ("float[2 .. 64]", "float32[2..64]"),
+        ("long[3..]", "int64[3..]"),
+        ("int[4..4]", "int32[4]"),  # an empty range is a static dim
+        ("bool[]", "bool[]"),
+        ("double[0]", "float64[0]"),
+    ],
+)
+def test_canonical_text(text: str, canonical: str) -> None:
+    assert str(TensorSpec.parse(text)) == canonical
+
+
+def test_shape_and_dynamic_dims() -> None:
+    spec = TensorSpec.parse("float32[2..64,128,3..]")
+    assert spec.shape == (2, 128, 3)
+    assert spec.dynamic_dims == (0, 2)
+
+
+# --------------------------------------------------------------------------- #
+# Errors
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("float32", "bad input spec 'float32': expected DTYPE[D0,D1,...], e.g. float32[8,64]"),
+        ("float32[8,64", "bad input spec 'float32[8,64': expected DTYPE[D0,D1,...]"),
+        ("complex64[8]", "unknown dtype 'complex64' in 'complex64[8]'; known: float32, "),
+        ("float32[8,]", "bad dim '': expected an integer or LO..HI"),
+        ("float32[x]", "bad dim 'x': expected an integer or LO..HI"),
+        ("float32[+8]", "bad dim '+8': expected an integer or LO..HI"),
+        ("float32[1_0]", "bad dim '1_0': expected an integer or LO..HI"),
+        ("float32[\u0668]", "bad dim '\u0668': expected an integer or LO..HI"),  # Arabic 8
+        ("float32[-1]", "negative dim '-1'"),
+        ("float32[1..64]", "dynamic dim '1..64' starts below 2: torch specialises sizes 0 and 1"),
+        ("float32[0..]", "dynamic dim '0..' starts below 2"),
+        ("float32[64..2]", "dynamic dim '64..2' has its upper bound below its lower bound"),
+        ("float32[..64]", "bad dynamic dim '..64': expected LO..HI or LO.."),
+        ("float32[2..x]", "bad dynamic dim '2..x': expected LO..HI or LO.."),
+        ("float32[1,2,3,4,5,6,7,8,9]", "input spec 'float32[1,2,3,4,5,6,7,8,9]' has more than 8"),
+    ],
+)
+def test_bad_spec_messages(text: str, message: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        TensorSpec.parse(text)
+
+
+def test_spec_must_be_text() -> None:
+    with pytest.raises(SpecError, match="input spec must be a string like 'float32\\[8,64\\]'"):
+        TensorSpec.parse(8)  # type: ignore[arg-type]
+
+
+def test_inputs_must_be_a_list() -> None:
+    with pytest.raises(SpecError, match="inputs must be a list of specs"):
+        parse_inputs("float32[8]")
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "message"),
+    [
+        (-1, -1, "negative dim -1"),
+        (5, 3, "dim 5..3 has its upper bound below its lower bound"),
+        (1, 8, "dynamic dim 1..8 starts below 2"),
+        (0, None, "dynamic dim 0.. starts below 2"),
+        (2.0, 2.0, "dim lo must be an int, got 2.0"),
+        (True, True, "dim lo must be an int, got True"),
+    ],
+)
+def test_dim_built_in_code_is_checked(lo: object, hi: object, message: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        Dim(lo, hi)  # type: ignore[arg-type]
+
+
+def test_tensor_spec_built_in_code_is_checked() -> None:
+    with pytest.raises(SpecError, match="unknown dtype 'bf16'"):
+        TensorSpec("bf16", (Dim(8, 8),))  # aliases are for text only
+    with pytest.raises(SpecError, match="dims must be a tuple of Dim"):
+        TensorSpec("float32", [Dim(8, 8)])  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="has more than 8 dims"):
+        TensorSpec("float32", (Dim(1, 1),) * 9)
+
+
+# --------------------------------------------------------------------------- #
+# Cover
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    ("artifact", "request_", "covered"),
+    [
+        ("float32[8,64]", "float32[8,64]", True),
+        ("float32[8,64]", "float32[8,65]", False),
+        ("float32[8,64]", "bfloat16[8,64]", False),
+        ("float32[2..64,64]", "float32[2,64]", True),
+        ("float32[2..64,64]", "float32[64,64]", True),
+        ("float32[2..64,64]", "float32[65,64]", False),
+        ("float32[2..64,64]", "float32[1,64]", False),
+        ("float32[2..64,64]", "float32[4..8,64]", True),
+        ("float32[2..64,64]", "float32[4..,64]", False),
+        ("float32[2..,64]", "float32[4..,64]", True),
+        ("float32[3..,64]", "float32[2..,64]", False),
+        ("float32[8,64]", "float32[2..8,64]", False),
+        ("float32[8]", "float32[8,1]", False),
+    ],
+)
+def test_covers(artifact: str, request_: str, covered: bool) -> None:
+    assert TensorSpec.parse(artifact).covers(TensorSpec.parse(request_)) is covered
+
+
+def test_inputs_cover_needs_same_count_and_order() -> None:
+    a = parse_inputs(["float32[8]", "int64[8]"])
+    assert inputs_cover(a, parse_inputs(["float32[8]", "int64[8]"]))
+    assert not inputs_cover(a, parse_inputs(["int64[8]", "float32[8]"]))
+    assert not inputs_cover(a, parse_inputs(["float32[8]"]))
+
+
+# --------------------------------------------------------------------------- #
+# Options, grad mode, job specs
+# --------------------------------------------------------------------------- #
+
+
+@given(
+    st.builds(
+        CompileOptions,
+        mode=st.sampled_from(["default", "max-autotune", "max-autotune-no-cudagraphs"]),
+        guard_filter=st.sampled_from(["drop-unserializable", "keep-all"]),
+    )
+)
+def test_options_round_trip(options: CompileOptions) -> None:
+    assert CompileOptions.from_json(options.to_json()) == options
+
+
+def test_options_errors() -> None:
+    with pytest.raises(SpecError, match="unknown mode 'fast'; known: default, max-autotune"):
+        CompileOptions(mode="fast")
+    with pytest.raises(SpecError, match="unknown backend 'eager'; known: inductor"):
+        CompileOptions(backend="eager")
+    with pytest.raises(SpecError, match="unknown guard filter 'none'"):
+        CompileOptions(guard_filter="none")
+    with pytest.raises(SpecError, match="unknown compile options: dynamic"):
+        CompileOptions.from_json({"dynamic": True})
+
+
+def test_grad_mode_text() -> None:
+    assert str(GradMode.INFERENCE) == "inference"
+    assert GradMode("training") is GradMode.TRAINING
+
+
+JOB = {
+    "name": "mlp",
+    "version": "1",
+    "model": {"entrypoint": "farm.zoo.mlp:build", "kwargs": {"d": 64}},
+    "inputs": ["float32[2..64,64]"],
+    "grad_mode": "inference",
+    "options": {"mode": "default"},
+    "targets": ["cpu"],
+}
+
+
+def test_job_spec_round_trip() -> None:
+    job = JobSpec.from_json(JOB)
+    assert JobSpec.from_json(job.to_json()) == job
+    assert job.inputs == parse_inputs(["float32[2..64,64]"])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"name": "bad name"}, "bad model name 'bad name'"),
+        ({"version": ""}, "bad version ''"),
+        ({"inputs": []}, "a job needs at least one input spec"),
+        ({"inputs": "float32[8]"}, "inputs must be a list of specs"),
+        ({"grad_mode": "eval"}, "unknown grad_mode 'eval'; known: inference, training"),
+        ({"model": {"entrypoint": "no_colon"}}, "bad entrypoint 'no_colon'"),
+        ({"model": None}, "malformed job spec"),
+    ],
+)
+def test_job_spec_errors(change: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        JobSpec.from_json({**JOB, **change})
+
+
+def test_job_spec_missing_field() -> None:
+    data = dict(JOB)
+    del data["inputs"]
+    with pytest.raises(SpecError, match="job spec is missing 'inputs'"):
+        JobSpec.from_json(data)
+
+
+# --------------------------------------------------------------------------- #
+# Build keys
+# --------------------------------------------------------------------------- #
+
+KEY_ARGS = {
+    "fingerprint": "f" * 64,
+    "inputs": parse_inputs(["float32[2..64,128]", "int64[1,16]"]),
+    "grad_mode": GradMode.INFERENCE,
+    "options": CompileOptions(),
+    "target": "cpu/python=3.11.7/torch=2.13.0+cpu/isa=avx2/threads=2",
+}
+
+
+def test_build_key_is_stable() -> None:
+    # Pinned: a change here re-keys every stored build, so it must be deliberate.
+    assert build_key(**KEY_ARGS) == (  # type: ignore[arg-type]
+        "4d1b347fde1786d374da33b5ab0d5d67f120bfccc7c3e73fb65f643426abd573"
+    )
+
+
+def test_build_key_ignores_spelling() -> None:
+    spelled = {**KEY_ARGS, "inputs": parse_inputs(["float [ 2..64 , 128 ]", "long[1,16]"])}
+    assert build_key(**spelled) == build_key(**KEY_ARGS)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"fingerprint": "e" * 64},
+        {"inputs": parse_inputs(["float32[2..63,128]", "int64[1,16]"])},
+        {"inputs": parse_inputs(["float32[2..64,128]"])},
+        {"grad_mode": GradMode.TRAINING},
+        {"options": CompileOptions(mode="max-autotune")},
+        {"options": CompileOptions(guard_filter="keep-all")},
+        {"target": "cpu/python=3.11.7/torch=2.13.0+cpu/isa=avx512/threads=2"},
+    ],
+)
+def test_build_key_changes_with_every_part(change: dict[str, object]) -> None:
+    assert build_key(**{**KEY_ARGS, **change}) != build_key(**KEY_ARGS)  # type: ignore[arg-type]
+
+
+def test_key_parts_cannot_run_together() -> None:
+    # The separator keeps ("ab", "c") and ("a", "bc") apart.
+    assert sha256_text("ab", "c") != sha256_text("a", "bc")
