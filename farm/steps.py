@@ -24,8 +24,4 @@ def compile_step(payload: dict[str, Any]) -> dict[str, Any]:
 
     spec = JobSpec.from_json(payload["spec"])
     arts = compile_artifacts(spec, payload["device"], Path(payload["out_dir"]))
-    return {
-        "artifacts": [
-            {"path": str(a.path), "format": a.format, "meta": a.meta} for a in arts
-        ]
-    }
+    return {"artifacts": [{"path": str(a.path), "format": a.format, "meta": a.meta} for a in arts]}

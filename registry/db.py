@@ -159,7 +159,13 @@ def make_engine(url: str | URL, *, echo: bool = False) -> Engine:
     if backend == "postgresql":
         # pre_ping: a pooled connection may have been cut by a server restart
         # or a proxy's idle timeout; test it instead of failing a request.
-        return create_engine(sa_url, echo=echo, pool_pre_ping=True)
+        return create_engine(
+            sa_url,
+            echo=echo,
+            pool_pre_ping=True,
+            # A black-holed database host must give a quick 503, not an OS TCP timeout.
+            connect_args={"connect_timeout": 5},
+        )
     raise ValueError(
         f"unsupported database URL {_redacted(sa_url)!r}; "
         "known schemes: postgresql+psycopg://, postgresql://, sqlite:///"

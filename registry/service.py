@@ -77,8 +77,10 @@ def choose_targets(selectors: Sequence[str], live: Sequence[Target]) -> list[Tar
     """
     if not selectors:
         if not live:
-            raise InvalidRequest("no compile workers are live, so no target can be chosen; "
-                                 "start one with `farm worker compile` or name a full target")
+            raise InvalidRequest(
+                "no compile workers are live, so no target can be chosen; "
+                "start one with `farm worker compile` or name a full target"
+            )
         return sorted(set(live), key=str)
     chosen: set[Target] = set()
     for text in selectors:
@@ -94,18 +96,29 @@ def choose_targets(selectors: Sequence[str], live: Sequence[Target]) -> list[Tar
         hits = [t for t in live if sel.matches(t)]
         if not hits:
             known = ", ".join(str(t) for t in live) or "none"
-            raise InvalidRequest(f"no live compile worker matches target {text!r}; live targets: {known}")
+            raise InvalidRequest(
+                f"no live compile worker matches target {text!r}; live targets: {known}"
+            )
         chosen.update(hits)
     return sorted(chosen, key=str)
 
 
-def record_heartbeat(db: Database, *, worker_id: str, kind: str, queue: str,
-                     target: str | None) -> None:
+def record_heartbeat(
+    db: Database, *, worker_id: str, kind: str, queue: str, target: str | None
+) -> None:
     with db.session() as s:
         row = s.get(m.WorkerHeartbeat, worker_id)
         if row is None:
-            s.add(m.WorkerHeartbeat(id=worker_id, kind=kind, queue=queue, target=target,
-                                    started_at=_now(), last_seen=_now()))
+            s.add(
+                m.WorkerHeartbeat(
+                    id=worker_id,
+                    kind=kind,
+                    queue=queue,
+                    target=target,
+                    started_at=_now(),
+                    last_seen=_now(),
+                )
+            )
         else:
             row.last_seen = _now()
             row.queue = queue
@@ -122,16 +135,25 @@ def live_workers(db: Database, *, max_age_s: float) -> list[dict[str, Any]]:
     with db.session() as s:
         rows = s.scalars(select(m.WorkerHeartbeat).where(m.WorkerHeartbeat.last_seen >= cutoff))
         return [
-            {"id": r.id, "kind": r.kind, "queue": r.queue, "target": r.target,
-             "started_at": r.started_at.isoformat(), "last_seen": r.last_seen.isoformat()}
+            {
+                "id": r.id,
+                "kind": r.kind,
+                "queue": r.queue,
+                "target": r.target,
+                "started_at": r.started_at.isoformat(),
+                "last_seen": r.last_seen.isoformat(),
+            }
             for r in rows
         ]
 
 
 def live_targets(db: Database, *, max_age_s: float) -> list[Target]:
     return sorted(
-        {Target.parse(w["target"]) for w in live_workers(db, max_age_s=max_age_s)
-         if w["kind"] == "compile" and w["target"]},
+        {
+            Target.parse(w["target"])
+            for w in live_workers(db, max_age_s=max_age_s)
+            if w["kind"] == "compile" and w["target"]
+        },
         key=str,
     )
 
@@ -162,12 +184,19 @@ def _get_or_create_version(s: Session, spec: JobSpec) -> m.ModelVersion:
     )
     mj = spec.model.to_json()
     if version is None:
-        version = m.ModelVersion(model_id=model.id, version=spec.version,
-                                 entrypoint=mj["entrypoint"], kwargs=mj["kwargs"], kind=mj["kind"])
+        version = m.ModelVersion(
+            model_id=model.id,
+            version=spec.version,
+            entrypoint=mj["entrypoint"],
+            kwargs=mj["kwargs"],
+            kind=mj["kind"],
+        )
         s.add(version)
         s.flush()
     elif (version.entrypoint, canonical_json(version.kwargs or {}), version.kind) != (
-        mj["entrypoint"], canonical_json(mj["kwargs"]), mj["kind"]
+        mj["entrypoint"],
+        canonical_json(mj["kwargs"]),
+        mj["kind"],
     ):
         # A version names one model; silently rebinding it would serve two
         # different programs under one name.
@@ -178,8 +207,9 @@ def _get_or_create_version(s: Session, spec: JobSpec) -> m.ModelVersion:
     return version
 
 
-def submit_job(db: Database, spec: JobSpec, *, targets: Sequence[Target],
-               submitted_by: str | None = None) -> str:
+def submit_job(
+    db: Database, spec: JobSpec, *, targets: Sequence[Target], submitted_by: str | None = None
+) -> str:
     """Record a job and one pending build per target; returns the job id.
 
     The caller enqueues the trace task only after this has committed, so a
@@ -190,9 +220,16 @@ def submit_job(db: Database, spec: JobSpec, *, targets: Sequence[Target],
     job_id = str(uuid.uuid4())
     with db.session() as s:
         version = _get_or_create_version(s, spec)
-        job = m.Job(id=job_id, version_id=version.id, spec=spec.to_json(),
-                    inputs=format_inputs(spec.inputs), grad_mode=spec.grad_mode.value,
-                    options=spec.options.canonical(), state="queued", submitted_by=submitted_by)
+        job = m.Job(
+            id=job_id,
+            version_id=version.id,
+            spec=spec.to_json(),
+            inputs=format_inputs(spec.inputs),
+            grad_mode=spec.grad_mode.value,
+            options=spec.options.canonical(),
+            state="queued",
+            submitted_by=submitted_by,
+        )
         s.add(job)
         for t in targets:
             s.add(m.Build(id=str(uuid.uuid4()), job_id=job_id, target=str(t), state="pending"))
@@ -230,7 +267,9 @@ def fail_job(db: Database, job_id: str, *, error: str, log_text: str | None = No
         for b in job.builds:
             if b.state not in TERMINAL_BUILD_STATES:
                 b.state = "failed"
-                b.error = "trace failed: " + error.splitlines()[0][:500] if error else "trace failed"
+                b.error = (
+                    "trace failed: " + error.splitlines()[0][:500] if error else "trace failed"
+                )
                 b.finished_at = _now()
 
 
@@ -265,8 +304,13 @@ def record_trace(db: Database, job_id: str, report: dict[str, Any]) -> list[Comp
         for b in job.builds:
             if b.state in TERMINAL_BUILD_STATES:
                 continue
-            key = build_key(fingerprint=fingerprint, inputs=spec.inputs,
-                            grad_mode=spec.grad_mode, options=spec.options, target=b.target)
+            key = build_key(
+                fingerprint=fingerprint,
+                inputs=spec.inputs,
+                grad_mode=spec.grad_mode,
+                options=spec.options,
+                target=b.target,
+            )
             b.build_key = key
             arts = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()
             if arts:
@@ -300,8 +344,9 @@ def _take_claim(s: Session, key: str, target: str) -> bool:
     return bool(res.rowcount)  # type: ignore[attr-defined]
 
 
-def requeue_stale_claims(db: Database, *, max_age_s: float,
-                         queued_max_age_s: float = 900.0) -> list[CompileDispatch]:
+def requeue_stale_claims(
+    db: Database, *, max_age_s: float, queued_max_age_s: float = 900.0
+) -> list[CompileDispatch]:
     """Claims running on a worker that stopped heartbeating (killed, or its
     host cut off), and claims queued for so long that their message was
     probably never sent (a crash between commit and enqueue). For a periodic
@@ -310,11 +355,15 @@ def requeue_stale_claims(db: Database, *, max_age_s: float,
     out: list[CompileDispatch] = []
     now = _now()
     with db.session() as s:
-        for c in s.scalars(select(m.CompileClaim).where(
-            m.CompileClaim.state.in_(("queued", "running")),
-            m.CompileClaim.updated_at < now - timedelta(seconds=max_age_s),
-        )):
-            updated = c.updated_at if c.updated_at.tzinfo else c.updated_at.replace(tzinfo=timezone.utc)
+        for c in s.scalars(
+            select(m.CompileClaim).where(
+                m.CompileClaim.state.in_(("queued", "running")),
+                m.CompileClaim.updated_at < now - timedelta(seconds=max_age_s),
+            )
+        ):
+            updated = (
+                c.updated_at if c.updated_at.tzinfo else c.updated_at.replace(tzinfo=timezone.utc)
+            )
             if c.state == "running" and _worker_is_live(s, c.worker, max_age_s):
                 continue
             if c.state == "queued" and updated > now - timedelta(seconds=queued_max_age_s):
@@ -323,6 +372,21 @@ def requeue_stale_claims(db: Database, *, max_age_s: float,
             c.updated_at = _now()
             out.append(CompileDispatch(c.build_key, c.target, Target.parse(c.target).queue))
     return out
+
+
+def requeue_stale_jobs(db: Database, *, max_age_s: float = 900.0) -> list[str]:
+    """Jobs still queued long after submission: their trace message was
+    probably never sent (the broker was down when the API committed them).
+    For the periodic sweep; a duplicate trace is harmless, since dispatch goes
+    through compile claims."""
+    cutoff = _now() - timedelta(seconds=max_age_s)
+    with db.session() as s:
+        jobs = s.scalars(
+            select(m.Job).where(m.Job.state == "queued", m.Job.updated_at < cutoff)
+        ).all()
+        for job in jobs:
+            job.updated_at = _now()  # one re-send per period, not one per sweep
+        return [j.id for j in jobs]
 
 
 # --- compile ---------------------------------------------------------------
@@ -335,8 +399,9 @@ class ClaimDecision:
     fingerprint: str | None = None
 
 
-def begin_compile(db: Database, key: str, *, worker_id: str,
-                  heartbeat_max_age_s: float) -> ClaimDecision:
+def begin_compile(
+    db: Database, key: str, *, worker_id: str, heartbeat_max_age_s: float
+) -> ClaimDecision:
     """Decide what a delivered compile task does.
 
     "done": the artifact exists or no build waits for it (finish quietly).
@@ -348,18 +413,25 @@ def begin_compile(db: Database, key: str, *, worker_id: str,
         claim = s.get(m.CompileClaim, key, with_for_update=True)
         if claim is None:
             return ClaimDecision("done")
-        if s.scalar(select(func.count()).select_from(m.Artifact).where(m.Artifact.build_key == key)):
+        if s.scalar(
+            select(func.count()).select_from(m.Artifact).where(m.Artifact.build_key == key)
+        ):
             _finish_builds_from_artifacts(s, key)
             claim.state = "succeeded"
             return ClaimDecision("done")
         if claim.state in ("succeeded", "failed"):
             return ClaimDecision("done")
-        if (claim.state == "running" and claim.worker != worker_id
-                and _worker_is_live(s, claim.worker, heartbeat_max_age_s)):
+        if (
+            claim.state == "running"
+            and claim.worker != worker_id
+            and _worker_is_live(s, claim.worker, heartbeat_max_age_s)
+        ):
             return ClaimDecision("busy")
-        build = s.scalar(select(m.Build).where(m.Build.build_key == key,
-                                               m.Build.state.in_(("queued", "running")))
-                         .order_by(m.Build.queued_at))
+        build = s.scalar(
+            select(m.Build)
+            .where(m.Build.build_key == key, m.Build.state.in_(("queued", "running")))
+            .order_by(m.Build.queued_at)
+        )
         if build is None:
             claim.state = "failed"
             return ClaimDecision("done")
@@ -367,8 +439,11 @@ def begin_compile(db: Database, key: str, *, worker_id: str,
         claim.worker = worker_id
         claim.attempts += 1
         claim.updated_at = _now()
-        for b in s.scalars(select(m.Build).where(m.Build.build_key == key,
-                                                 m.Build.state.in_(("queued", "running")))):
+        for b in s.scalars(
+            select(m.Build).where(
+                m.Build.build_key == key, m.Build.state.in_(("queued", "running"))
+            )
+        ):
             b.state = "running"
             b.worker = worker_id
             b.started_at = _now()
@@ -390,30 +465,55 @@ class NewArtifact:
     meta: dict[str, Any]
 
 
-def finish_compile(db: Database, key: str, *, target: Target, spec: JobSpec, fingerprint: str,
-                   artifacts: Sequence[NewArtifact], compile_s: float,
-                   log_text: str | None = None) -> list[ArtifactRecord]:
+def finish_compile(
+    db: Database,
+    key: str,
+    *,
+    target: Target,
+    spec: JobSpec,
+    fingerprint: str,
+    artifacts: Sequence[NewArtifact],
+    compile_s: float,
+    log_text: str | None = None,
+) -> list[ArtifactRecord]:
     """Commit artifact rows (their blobs are already stored) and finish every
     build waiting on this key. Idempotent: a redelivered task that finds the
     rows already there only finishes the builds."""
     with db.session() as s:
         for a in artifacts:
-            exists = s.scalar(select(m.Artifact).where(m.Artifact.build_key == key,
-                                                        m.Artifact.format == a.format))
+            exists = s.scalar(
+                select(m.Artifact).where(m.Artifact.build_key == key, m.Artifact.format == a.format)
+            )
             if exists is not None:
                 continue
-            s.add(m.Artifact(
-                digest=a.digest, size=a.size, format=a.format, build_key=key,
-                fingerprint=fingerprint, inputs=format_inputs(spec.inputs),
-                grad_mode=spec.grad_mode.value, options=spec.options.canonical(),
-                target=str(target), device=target.device, gpu_name=target.gpu_name,
-                capability=target.capability, torch_version=target.torch_version,
-                triton_version=target.triton_version, python_version=target.python_version,
-                cuda_version=target.cuda_version, cpu_isa=target.cpu_isa, threads=target.threads,
-                verified=a.verified, first_call_compiles=a.first_call_compiles,
-                max_abs_err=a.max_abs_err, first_call_s=a.first_call_s, load_s=a.load_s,
-                meta=a.meta,
-            ))
+            s.add(
+                m.Artifact(
+                    digest=a.digest,
+                    size=a.size,
+                    format=a.format,
+                    build_key=key,
+                    fingerprint=fingerprint,
+                    inputs=format_inputs(spec.inputs),
+                    grad_mode=spec.grad_mode.value,
+                    options=spec.options.canonical(),
+                    target=str(target),
+                    device=target.device,
+                    gpu_name=target.gpu_name,
+                    capability=target.capability,
+                    torch_version=target.torch_version,
+                    triton_version=target.triton_version,
+                    python_version=target.python_version,
+                    cuda_version=target.cuda_version,
+                    cpu_isa=target.cpu_isa,
+                    threads=target.threads,
+                    verified=a.verified,
+                    first_call_compiles=a.first_call_compiles,
+                    max_abs_err=a.max_abs_err,
+                    first_call_s=a.first_call_s,
+                    load_s=a.load_s,
+                    meta=a.meta,
+                )
+            )
         s.flush()
         claim = s.get(m.CompileClaim, key)
         if claim is not None:
@@ -423,8 +523,9 @@ def finish_compile(db: Database, key: str, *, target: Target, spec: JobSpec, fin
         return [artifact_to_record(r) for r in rows]
 
 
-def _finish_builds_from_artifacts(s: Session, key: str, *, compile_s: float | None = None,
-                                  log_text: str | None = None) -> None:
+def _finish_builds_from_artifacts(
+    s: Session, key: str, *, compile_s: float | None = None, log_text: str | None = None
+) -> None:
     arts = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()
     jobs: set[str] = set()
     for b in s.scalars(select(m.Build).where(m.Build.build_key == key)):
@@ -478,15 +579,22 @@ def _copy_metrics(b: m.Build, arts: Sequence[m.Artifact]) -> None:
 
 def _link_version(s: Session, version_id: int, arts: Iterable[m.Artifact]) -> None:
     for a in arts:
-        exists = s.scalar(select(m.VersionArtifact).where(
-            m.VersionArtifact.version_id == version_id, m.VersionArtifact.artifact_id == a.id))
+        exists = s.scalar(
+            select(m.VersionArtifact).where(
+                m.VersionArtifact.version_id == version_id, m.VersionArtifact.artifact_id == a.id
+            )
+        )
         if exists is None:
             s.add(m.VersionArtifact(version_id=version_id, artifact_id=a.id))
 
 
 def _settle_job(job: m.Job) -> None:
     states = [b.state for b in job.builds]
-    if job.state in ("failed",) or not states or any(st not in TERMINAL_BUILD_STATES for st in states):
+    if (
+        job.state in ("failed",)
+        or not states
+        or any(st not in TERMINAL_BUILD_STATES for st in states)
+    ):
         return
     ok = [st in ("succeeded", "reused") for st in states]
     job.state = "succeeded" if all(ok) else ("failed" if not any(ok) else "partial")
@@ -510,24 +618,51 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
         for b in job.builds:
             arts = []
             if b.build_key:
-                arts = [artifact_to_record(a).to_json() for a in s.scalars(
-                    select(m.Artifact).where(m.Artifact.build_key == b.build_key))]
-            builds.append({
-                "id": b.id, "target": b.target, "build_key": b.build_key, "state": b.state,
-                "attempts": b.attempts, "worker": b.worker, "queued_at": _iso(b.queued_at),
-                "started_at": _iso(b.started_at), "finished_at": _iso(b.finished_at),
-                "compile_s": b.compile_s, "artifact_bytes": b.artifact_bytes,
-                "verified": b.verified, "max_abs_err": b.max_abs_err,
-                "first_call_s": b.first_call_s, "first_call_compiles": b.first_call_compiles,
-                "error": b.error, "log": b.log, "artifacts": arts,
-            })
+                arts = [
+                    artifact_to_record(a).to_json()
+                    for a in s.scalars(
+                        select(m.Artifact).where(m.Artifact.build_key == b.build_key)
+                    )
+                ]
+            builds.append(
+                {
+                    "id": b.id,
+                    "target": b.target,
+                    "build_key": b.build_key,
+                    "state": b.state,
+                    "attempts": b.attempts,
+                    "worker": b.worker,
+                    "queued_at": _iso(b.queued_at),
+                    "started_at": _iso(b.started_at),
+                    "finished_at": _iso(b.finished_at),
+                    "compile_s": b.compile_s,
+                    "artifact_bytes": b.artifact_bytes,
+                    "verified": b.verified,
+                    "max_abs_err": b.max_abs_err,
+                    "first_call_s": b.first_call_s,
+                    "first_call_compiles": b.first_call_compiles,
+                    "error": b.error,
+                    "log": b.log,
+                    "artifacts": arts,
+                }
+            )
         return {
-            "id": job.id, "model": version.model.name, "version": version.version,
-            "state": job.state, "spec": job.spec, "fingerprint": job.fingerprint,
-            "param_count": job.param_count, "param_bytes": job.param_bytes, "flops": job.flops,
-            "trace_s": job.trace_s, "error": job.error, "log": job.log,
-            "submitted_by": job.submitted_by, "created_at": _iso(job.created_at),
-            "updated_at": _iso(job.updated_at), "builds": builds,
+            "id": job.id,
+            "model": version.model.name,
+            "version": version.version,
+            "state": job.state,
+            "spec": job.spec,
+            "fingerprint": job.fingerprint,
+            "param_count": job.param_count,
+            "param_bytes": job.param_bytes,
+            "flops": job.flops,
+            "trace_s": job.trace_s,
+            "error": job.error,
+            "log": job.log,
+            "submitted_by": job.submitted_by,
+            "created_at": _iso(job.created_at),
+            "updated_at": _iso(job.updated_at),
+            "builds": builds,
         }
 
 
@@ -536,18 +671,26 @@ def _version_row(s: Session, name: str, ref: str | None) -> m.ModelVersion:
     if model is None:
         raise NotFound(f"no model {name!r}")
     if ref is None:
-        alias = s.scalar(select(m.Alias).where(m.Alias.model_id == model.id, m.Alias.name == "latest"))
+        alias = s.scalar(
+            select(m.Alias).where(m.Alias.model_id == model.id, m.Alias.name == "latest")
+        )
         if alias is not None:
             v = s.get(m.ModelVersion, alias.version_id)
             assert v is not None
             return v
-        v = s.scalar(select(m.ModelVersion).where(m.ModelVersion.model_id == model.id)
-                     .order_by(m.ModelVersion.created_at.desc(), m.ModelVersion.id.desc()))
+        v = s.scalar(
+            select(m.ModelVersion)
+            .where(m.ModelVersion.model_id == model.id)
+            .order_by(m.ModelVersion.created_at.desc(), m.ModelVersion.id.desc())
+        )
         if v is None:
             raise NotFound(f"model {name!r} has no versions")
         return v
-    v = s.scalar(select(m.ModelVersion).where(m.ModelVersion.model_id == model.id,
-                                              m.ModelVersion.version == ref))
+    v = s.scalar(
+        select(m.ModelVersion).where(
+            m.ModelVersion.model_id == model.id, m.ModelVersion.version == ref
+        )
+    )
     if v is not None:
         return v
     alias = s.scalar(select(m.Alias).where(m.Alias.model_id == model.id, m.Alias.name == ref))
@@ -558,13 +701,16 @@ def _version_row(s: Session, name: str, ref: str | None) -> m.ModelVersion:
     raise NotFound(f"model {name!r} has no version or alias {ref!r}")
 
 
-def version_candidates(db: Database, name: str, ref: str | None) -> tuple[str, list[ArtifactRecord]]:
+def version_candidates(
+    db: Database, name: str, ref: str | None
+) -> tuple[str, list[ArtifactRecord]]:
     """The artifacts that serve (name, version-or-alias); ``ref`` None means the
     ``latest`` alias or else the newest version."""
     with db.session() as s:
         v = _version_row(s, name, ref)
         rows = s.scalars(
-            select(m.Artifact).join(m.VersionArtifact, m.VersionArtifact.artifact_id == m.Artifact.id)
+            select(m.Artifact)
+            .join(m.VersionArtifact, m.VersionArtifact.artifact_id == m.Artifact.id)
             .where(m.VersionArtifact.version_id == v.id)
         ).all()
         return v.version, [artifact_to_record(r) for r in rows]
@@ -575,8 +721,11 @@ def set_alias(db: Database, name: str, alias: str, version: str) -> None:
         model = s.scalar(select(m.Model).where(m.Model.name == name))
         if model is None:
             raise NotFound(f"no model {name!r}")
-        v = s.scalar(select(m.ModelVersion).where(m.ModelVersion.model_id == model.id,
-                                                  m.ModelVersion.version == version))
+        v = s.scalar(
+            select(m.ModelVersion).where(
+                m.ModelVersion.model_id == model.id, m.ModelVersion.version == version
+            )
+        )
         if v is None:
             raise NotFound(f"model {name!r} has no version {version!r}")
         row = s.scalar(select(m.Alias).where(m.Alias.model_id == model.id, m.Alias.name == alias))
@@ -590,24 +739,42 @@ def list_models(db: Database) -> list[dict[str, Any]]:
     with db.session() as s:
         out = []
         for model in s.scalars(select(m.Model).order_by(m.Model.name)):
-            versions = s.scalars(select(m.ModelVersion).where(m.ModelVersion.model_id == model.id)
-                                 .order_by(m.ModelVersion.created_at, m.ModelVersion.id)).all()
+            versions = s.scalars(
+                select(m.ModelVersion)
+                .where(m.ModelVersion.model_id == model.id)
+                .order_by(m.ModelVersion.created_at, m.ModelVersion.id)
+            ).all()
             by_id = {v.id: v.version for v in versions}
-            aliases = {a.name: by_id.get(a.version_id) for a in s.scalars(
-                select(m.Alias).where(m.Alias.model_id == model.id))}
+            aliases = {
+                a.name: by_id.get(a.version_id)
+                for a in s.scalars(select(m.Alias).where(m.Alias.model_id == model.id))
+            }
             vs = []
             for v in versions:
-                n = s.scalar(select(func.count()).select_from(m.VersionArtifact)
-                             .where(m.VersionArtifact.version_id == v.id))
-                vs.append({"version": v.version, "entrypoint": v.entrypoint, "kwargs": v.kwargs,
-                           "kind": v.kind, "artifacts": n, "created_at": _iso(v.created_at)})
+                n = s.scalar(
+                    select(func.count())
+                    .select_from(m.VersionArtifact)
+                    .where(m.VersionArtifact.version_id == v.id)
+                )
+                vs.append(
+                    {
+                        "version": v.version,
+                        "entrypoint": v.entrypoint,
+                        "kwargs": v.kwargs,
+                        "kind": v.kind,
+                        "artifacts": n,
+                        "created_at": _iso(v.created_at),
+                    }
+                )
             out.append({"name": model.name, "versions": vs, "aliases": aliases})
         return out
 
 
 def get_artifact(db: Database, digest: str) -> ArtifactRecord:
     with db.session() as s:
-        row = s.scalar(select(m.Artifact).where(m.Artifact.digest == digest).order_by(m.Artifact.id))
+        row = s.scalar(
+            select(m.Artifact).where(m.Artifact.digest == digest).order_by(m.Artifact.id)
+        )
         if row is None:
             raise NotFound(f"no artifact {digest}")
         return artifact_to_record(row)
@@ -620,11 +787,27 @@ def set_signature(db: Database, artifact_id: int, signature: str) -> None:
             row.signature = signature
 
 
-def record_miss(db: Database, *, model: str, version: str | None, inputs: Sequence[TensorSpec],
-                grad_mode: GradMode, target: Target, reasons: list[Any]) -> None:
+def record_miss(
+    db: Database,
+    *,
+    model: str,
+    version: str | None,
+    inputs: Sequence[TensorSpec],
+    grad_mode: GradMode,
+    target: Target,
+    reasons: list[Any],
+) -> None:
     with db.session() as s:
-        s.add(m.ResolveMiss(model=model, version=version, inputs=format_inputs(inputs),
-                            grad_mode=grad_mode.value, target=str(target), reasons=reasons))
+        s.add(
+            m.ResolveMiss(
+                model=model,
+                version=version,
+                inputs=format_inputs(inputs),
+                grad_mode=grad_mode.value,
+                target=str(target),
+                reasons=reasons,
+            )
+        )
 
 
 def counts(db: Database) -> dict[str, Any]:
@@ -635,12 +818,31 @@ def counts(db: Database) -> dict[str, Any]:
         artifacts = s.scalar(select(func.count()).select_from(m.Artifact)) or 0
         misses = s.scalar(select(func.count()).select_from(m.ResolveMiss)) or 0
         compile_s = s.scalar(select(func.coalesce(func.sum(m.Build.compile_s), 0.0))) or 0.0
-        return {"jobs": jobs, "builds": builds, "artifacts": artifacts, "misses": misses,
-                "compile_seconds": float(compile_s)}
+        return {
+            "jobs": jobs,
+            "builds": builds,
+            "artifacts": artifacts,
+            "misses": misses,
+            "compile_seconds": float(compile_s),
+        }
 
 
 __all__ = [
-    "ClaimDecision", "CompileDispatch", "CompileOptions", "InvalidRequest", "NewArtifact",
-    "NotFound", "SpecError", "begin_compile", "choose_targets", "fail_compile", "fail_job",
-    "finish_compile", "job_view", "live_targets", "record_trace", "start_trace", "submit_job",
+    "ClaimDecision",
+    "CompileDispatch",
+    "CompileOptions",
+    "InvalidRequest",
+    "NewArtifact",
+    "NotFound",
+    "SpecError",
+    "begin_compile",
+    "choose_targets",
+    "fail_compile",
+    "fail_job",
+    "finish_compile",
+    "job_view",
+    "live_targets",
+    "record_trace",
+    "start_trace",
+    "submit_job",
 ]

@@ -3,4 +3,5 @@
 pytest_plugins = [
     "tests.fixtures.db",
     "tests.fixtures.s3",
+    "tests.fixtures.farm",
 ]

@@ -23,7 +23,9 @@ def make_celery() -> Celery:
     if broker.startswith("sqla+sqlite:///"):
         settings.farm_home.mkdir(parents=True, exist_ok=True)
     app = Celery("torch_farm", broker=broker, include=["workers.tasks"])
-    visibility = int(os.environ.get("FARM_VISIBILITY_TIMEOUT_S", settings.build_timeout_s * 2 + 300))
+    visibility = int(
+        os.environ.get("FARM_VISIBILITY_TIMEOUT_S", settings.build_timeout_s * 2 + 300)
+    )
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -24,7 +24,10 @@ def database() -> Database:
 @lru_cache(maxsize=1)
 def blob_store() -> BlobStore:
     s = get_settings()
-    return open_blob_store(s.resolved_blob_store_url(), endpoint_url=s.s3_endpoint_url or None)
+    url = s.resolved_blob_store_url()
+    if url.startswith("s3://"):
+        return open_blob_store(url, endpoint_url=s.s3_endpoint_url or None)
+    return open_blob_store(url)
 
 
 @lru_cache(maxsize=2)

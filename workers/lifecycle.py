@@ -28,20 +28,27 @@ def configure(*, kind: str, queue: str, target: str | None) -> None:
 
 
 def _beat_forever() -> None:
-    from workers.tasks import enqueue_compile
+    from workers.tasks import enqueue_compile, enqueue_trace
 
     period = context.settings().heartbeat_s
     while not _stop.is_set():
         try:
-            service.record_heartbeat(context.database(), worker_id=context.worker_id(),
-                                     kind=_identity["kind"], queue=_identity["queue"],
-                                     target=_identity["target"])
+            service.record_heartbeat(
+                context.database(),
+                worker_id=context.worker_id(),
+                kind=_identity["kind"],
+                queue=_identity["queue"],
+                target=_identity["target"],
+            )
             if _identity["kind"] == "trace":
                 for d in service.requeue_stale_claims(
                     context.database(), max_age_s=context.heartbeat_max_age_s()
                 ):
                     log.warning("re-enqueueing build %s of a dead worker", d.build_key[:12])
                     enqueue_compile(d)
+                for job_id in service.requeue_stale_jobs(context.database()):
+                    log.warning("re-enqueueing job %s that was never traced", job_id)
+                    enqueue_trace(job_id)
         except Exception:  # a database blip must not kill the beat
             log.exception("heartbeat failed; retrying in %s s", period)
         _stop.wait(period)
@@ -52,7 +59,9 @@ def _on_ready(**_: Any) -> None:
     if not _identity:
         return
     threading.Thread(target=_beat_forever, name="farm-heartbeat", daemon=True).start()
-    log.info("worker %s ready: %s on %s", context.worker_id(), _identity["kind"], _identity["queue"])
+    log.info(
+        "worker %s ready: %s on %s", context.worker_id(), _identity["kind"], _identity["queue"]
+    )
 
 
 @worker_shutdown.connect

@@ -8,8 +8,14 @@ import os
 log = logging.getLogger(__name__)
 
 
-def run_worker(kind: str, *, device: str | None = None, concurrency: int = 1,
-               loglevel: str = "INFO", hostname: str | None = None) -> None:
+def run_worker(
+    kind: str,
+    *,
+    device: str | None = None,
+    concurrency: int = 1,
+    loglevel: str = "INFO",
+    hostname: str | None = None,
+) -> None:
     from farm.target import detect_local_target
     from workers import lifecycle
     from workers.app import app
@@ -26,8 +32,18 @@ def run_worker(kind: str, *, device: str | None = None, concurrency: int = 1,
     lifecycle.configure(kind=kind, queue=queue, target=target)
     # Solo pool: the work runs in sandbox children anyway, and a solo worker
     # killed with -9 takes nothing else down with it.
-    argv = ["worker", "-Q", queue, "--pool", "solo" if concurrency == 1 else "threads",
-            "--concurrency", str(concurrency), "--loglevel", loglevel, "--without-gossip",
-            "--without-mingle"]
+    argv = [
+        "worker",
+        "-Q",
+        queue,
+        "--pool",
+        "solo" if concurrency == 1 else "threads",
+        "--concurrency",
+        str(concurrency),
+        "--loglevel",
+        loglevel,
+        "--without-gossip",
+        "--without-mingle",
+    ]
     argv += ["--hostname", hostname or f"{kind}@%h-{os.getpid()}"]
     app.worker_main(argv)

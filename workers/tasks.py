@@ -30,8 +30,12 @@ from workers.routing import COMPILE_TASK, SWEEP_TASK, TRACE_TASK
 log = logging.getLogger(__name__)
 
 # Errors of the farm's own infrastructure, worth retrying.
-RETRYABLE: tuple[type[BaseException], ...] = (DatabaseUnavailable, OperationalError, ConnectionError,
-                                              TimeoutError)
+RETRYABLE: tuple[type[BaseException], ...] = (
+    DatabaseUnavailable,
+    OperationalError,
+    ConnectionError,
+    TimeoutError,
+)
 try:  # botocore is only there with the S3 store
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -40,7 +44,7 @@ except ImportError:  # pragma: no cover
     pass
 
 
-class FarmTask(Task):  # type: ignore[misc]
+class FarmTask(Task):
     acks_late = True
     reject_on_worker_lost = True
     max_retries = 8
@@ -59,7 +63,11 @@ def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
     elif res.signal:
         head = f"crashed with signal {res.signal}"
     else:
-        head = f"{res.error_type}: {res.error}" if res.error_type else f"exited with code {res.exit_code}"
+        head = (
+            f"{res.error_type}: {res.error}"
+            if res.error_type
+            else f"exited with code {res.exit_code}"
+        )
     parts = [head]
     if res.traceback:
         parts.append(res.traceback)
@@ -84,8 +92,12 @@ def trace_task(self: Task, job_id: str) -> None:
     if spec is None:
         log.info("job %s is past tracing; nothing to do", job_id)
         return
-    res = run_isolated("farm.steps:trace_step", {"spec": spec.to_json()},
-                       timeout_s=s.trace_timeout_s, memory_mb=s.build_memory_mb)
+    res = run_isolated(
+        "farm.steps:trace_step",
+        {"spec": spec.to_json()},
+        timeout_s=s.trace_timeout_s,
+        memory_mb=s.build_memory_mb,
+    )
     if not res.ok:
         head, full = _sandbox_error(res)
         log.warning("job %s failed to trace: %s", job_id, head)
@@ -106,8 +118,12 @@ def compile_task(self: Task, build_key: str, target_text: str) -> None:
         from celery.exceptions import Reject
 
         raise Reject(f"worker target {me} is not {target}", requeue=True)
-    decision = service.begin_compile(db, build_key, worker_id=context.worker_id(),
-                                     heartbeat_max_age_s=context.heartbeat_max_age_s())
+    decision = service.begin_compile(
+        db,
+        build_key,
+        worker_id=context.worker_id(),
+        heartbeat_max_age_s=context.heartbeat_max_age_s(),
+    )
     if decision.action == "done":
         return
     if decision.action == "busy":
@@ -134,9 +150,12 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
     s = context.settings()
     with tempfile.TemporaryDirectory(prefix="farm-build-") as tmp:
         t0 = time.monotonic()
-        res = run_isolated("farm.steps:compile_step",
-                           {"spec": spec.to_json(), "device": target.device, "out_dir": tmp},
-                           timeout_s=s.build_timeout_s, memory_mb=s.build_memory_mb)
+        res = run_isolated(
+            "farm.steps:compile_step",
+            {"spec": spec.to_json(), "device": target.device, "out_dir": tmp},
+            timeout_s=s.build_timeout_s,
+            memory_mb=s.build_memory_mb,
+        )
         compile_s = time.monotonic() - t0
         if not res.ok:
             head, full = _sandbox_error(res)
@@ -151,22 +170,37 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
             logs.append(f"verify {art['format']}: {report.summary()}")
             if not report.ok:
                 service.fail_compile(
-                    db, build_key,
+                    db,
+                    build_key,
                     error=f"{art['format']} artifact failed verification: {report.error}",
                     log_text="\n".join(logs),
                 )
                 return
             # Blob first, row second: a row never points at a missing blob.
             info = store.put_file(path)
-            new.append(service.NewArtifact(
-                digest=info.digest, size=info.size, format=art["format"], verified=True,
-                first_call_compiles=bool(report.first_call_compiled),
-                max_abs_err=report.max_abs_err, first_call_s=report.first_call_s,
-                load_s=report.load_s,
-                meta={**art.get("meta", {}), "verify": report.to_json()},
-            ))
-        service.finish_compile(db, build_key, target=target, spec=spec, fingerprint=fingerprint,
-                               artifacts=new, compile_s=compile_s, log_text="\n".join(logs))
+            new.append(
+                service.NewArtifact(
+                    digest=info.digest,
+                    size=info.size,
+                    format=art["format"],
+                    verified=True,
+                    first_call_compiles=bool(report.first_call_compiled),
+                    max_abs_err=report.max_abs_err,
+                    first_call_s=report.first_call_s,
+                    load_s=report.load_s,
+                    meta={**art.get("meta", {}), "verify": report.to_json()},
+                )
+            )
+        service.finish_compile(
+            db,
+            build_key,
+            target=target,
+            spec=spec,
+            fingerprint=fingerprint,
+            artifacts=new,
+            compile_s=compile_s,
+            log_text="\n".join(logs),
+        )
 
 
 @app.task(name=SWEEP_TASK, base=FarmTask, bind=True)

@@ -1,0 +1,16 @@
+# One image for the API and the workers. The GPU worker uses the CUDA build of
+# torch (TORCH_INDEX); the default is the CPU build.
+FROM python:3.11-slim
+ARG TORCH_SPEC="torch==2.13.0"
+ARG TORCH_INDEX="https://download.pytorch.org/whl/cpu"
+RUN apt-get update && apt-get install -y --no-install-recommends g++ curl && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY farm farm
+COPY registry registry
+COPY workers workers
+COPY migrations migrations
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" "$TORCH_SPEC" \
+ && pip install --no-cache-dir ".[postgres]"
+ENV FARM_HOME=/var/lib/farm
+ENTRYPOINT ["farm"]

@@ -1,0 +1,157 @@
+"""Jobs: submit one, read its state."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import logging
+import sys
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Path, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from farm.specs import JobSpec, SpecError
+from registry import service
+from registry.db import Conflict
+
+from .deps import Reader, State, Submitter
+from .schemas import (
+    INPUT_PATTERN,
+    NAME_PATTERN,
+    PROTECTED,
+    VERSION_PATTERN,
+    err,
+)
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROTECTED)
+
+
+class ModelRefIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    entrypoint: str = Field(max_length=512, examples=["farm.zoo.mlp:make"],
+                            description="'package.module:callable'")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="JSON kwargs of the factory")
+    kind: str = Field(default="factory", description="'factory' (returns an nn.Module) or "
+                                                     "'function' (compiled as it is)")
+
+
+class JobSpecIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=128, json_schema_extra={"pattern": NAME_PATTERN})
+    version: str = Field(max_length=64, json_schema_extra={"pattern": VERSION_PATTERN})
+    model: ModelRefIn
+    inputs: list[Annotated[str, Field(max_length=256,
+                                      json_schema_extra={"pattern": INPUT_PATTERN})]] = Field(
+        max_length=64, examples=[["float32[8,64]"]],
+        description="input specs, e.g. float32[8,64] or float32[2..64,128]")
+    grad_mode: str = Field(default="inference", description="'inference' or 'training'")
+    options: dict[str, str] = Field(default_factory=dict,
+                                    description="compile options: mode, backend, guard_filter")
+    targets: list[Annotated[str, Field(max_length=512)]] = Field(
+        default_factory=list, max_length=64,
+        description="full targets or selectors (e.g. 'cpu'); empty: every live target")
+
+
+class BuildOut(BaseModel):
+    id: str
+    target: str
+    state: str
+
+
+class SubmitOut(BaseModel):
+    id: str
+    state: str
+    model: str
+    version: str
+    builds: list[BuildOut]
+    enqueued: bool = Field(description="false when the broker could not be reached: the job "
+                                       "is recorded and is sent again by the sweep")
+    warning: str | None = None
+
+
+def module_missing(entrypoint: str) -> str | None:
+    """Why the entrypoint's module cannot be found, or None when it can.
+
+    Walks the dotted name with finders only: ``importlib.util.find_spec`` on
+    ``a.b`` would import (run) package ``a``, and model code never runs in
+    the API process.
+    """
+    module = entrypoint.partition(":")[0]
+    parts = module.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError) as exc:
+        return f"{parts[0]!r} cannot be found ({exc})"
+    if spec is None:
+        return f"no module named {parts[0]!r}"
+    for i in range(1, len(parts)):
+        name = ".".join(parts[: i + 1])
+        loaded = sys.modules.get(name)
+        if loaded is not None and loaded.__spec__ is not None:
+            spec = loaded.__spec__
+            continue
+        assert spec is not None
+        locations = spec.submodule_search_locations
+        if locations is None:
+            return f"{'.'.join(parts[:i])!r} is a module, not a package, so {name!r} does not exist"
+        spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
+        if spec is None:
+            return f"no module named {name!r}"
+    return None
+
+
+@router.post("", status_code=201, response_model=SubmitOut,
+             responses={422: err("malformed spec, an entrypoint that does not import, or no "
+                                 "target to build for"),
+                        409: err("the version exists with another entrypoint"),
+                        413: err("body over MAX_BODY_BYTES")})
+def submit_job(body: JobSpecIn, state: State, who: Submitter, response: Response) -> SubmitOut:
+    spec = JobSpec.from_json(body.model_dump())
+    missing = module_missing(spec.model.entrypoint)
+    if missing:
+        raise SpecError(f"entrypoint {spec.model.entrypoint!r} does not import: {missing}")
+    live = service.live_targets(state.db, max_age_s=state.heartbeat_max_age_s)
+    targets = service.choose_targets(spec.targets, live)
+    try:
+        try:
+            job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=who.name)
+        except Conflict:
+            # Two first submissions of one model raced to create its row; the
+            # loser's retry finds it.
+            job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=who.name)
+    except service.InvalidRequest as exc:
+        # The version exists with another program: a conflict, not a bad request.
+        raise HTTPException(409, str(exc)) from None
+    # Only after the commit: a worker must never get an id the database lacks.
+    enqueued, warning = True, None
+    try:
+        state.enqueue(job_id)
+    except Exception as exc:
+        # The job is committed and stays "queued"; the sweep sends it again
+        # once the broker is back. Failing the request would make the client
+        # submit a duplicate.
+        log.error("job %s recorded but not enqueued: %s", job_id, exc)
+        enqueued = False
+        warning = (f"job recorded but the broker is unreachable ({type(exc).__name__}: "
+                   f"{str(exc).strip()[:200]}); it stays queued and is sent again when the "
+                   "broker is back")
+    view = service.job_view(state.db, job_id)
+    response.headers["Location"] = f"/v1/jobs/{job_id}"
+    return SubmitOut(
+        id=job_id, state=view["state"], model=view["model"], version=view["version"],
+        builds=[BuildOut(id=b["id"], target=b["target"], state=b["state"])
+                for b in view["builds"]],
+        enqueued=enqueued, warning=warning,
+    )
+
+
+@router.get("/{job_id}", responses={404: err("no such job")})
+def get_job(job_id: Annotated[str, Path(max_length=64)], state: State,
+            _: Reader) -> dict[str, Any]:
+    """The job, with each target's build state, timings, log, error and artifacts."""
+    return service.job_view(state.db, job_id)

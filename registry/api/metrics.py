@@ -1,0 +1,119 @@
+"""Prometheus metrics.
+
+Counts that live in SQL (jobs and builds by state, compile seconds) and queue
+depths that live in the broker are read when scraped, by a collector, so
+every API replica reports the same numbers. What happens inside this process
+(resolve hits and misses, request latency) is counted here and is per replica.
+Each app has its own registry, so several apps in one process (tests) do not
+collide.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from registry import service
+from workers.routing import TRACE_QUEUE
+
+from .state import AppState
+
+log = logging.getLogger(__name__)
+
+JOB_STATES = ("queued", "tracing", "compiling", "succeeded", "failed", "partial")
+BUILD_STATES = ("pending", "queued", "running", "succeeded", "reused", "failed")
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.resolves = Counter("farm_resolve", "Resolve requests answered, by result",
+                                ["result"], registry=self.registry)
+        for result in ("hit", "miss"):
+            self.resolves.labels(result)
+        self.latency = Histogram("farm_http_request_duration_seconds",
+                                 "HTTP request latency by method, route template and status",
+                                 ["method", "route", "status"], buckets=LATENCY_BUCKETS,
+                                 registry=self.registry)
+
+    def attach(self, state: AppState) -> None:
+        self.registry.register(FarmCollector(state))
+
+
+class FarmCollector(Collector):
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self._redis: Any = None
+
+    def collect(self) -> Iterator[Any]:
+        up = GaugeMetricFamily("farm_database_up", "1 if the last scrape could read the database")
+        try:
+            counts = service.counts(self.state.db)
+        except Exception as exc:  # a scrape must still answer while the database is down
+            log.warning("metrics: database unreadable: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        jobs = GaugeMetricFamily("farm_jobs", "Jobs by state", labels=["state"])
+        for st in sorted(set(JOB_STATES) | set(counts["jobs"])):
+            jobs.add_metric([st], counts["jobs"].get(st, 0))
+        yield jobs
+        builds = GaugeMetricFamily("farm_builds", "Builds by state", labels=["state"])
+        for st in sorted(set(BUILD_STATES) | set(counts["builds"])):
+            builds.add_metric([st], counts["builds"].get(st, 0))
+        yield builds
+        yield GaugeMetricFamily("farm_artifacts", "Artifacts stored", value=counts["artifacts"])
+        yield CounterMetricFamily("farm_resolve_misses_recorded",
+                                  "Resolve misses recorded in the database (all replicas)",
+                                  value=counts["misses"])
+        yield CounterMetricFamily("farm_compile_seconds",
+                                  "Seconds spent compiling, summed over finished builds",
+                                  value=counts["compile_seconds"])
+        yield from self._queue_depth()
+
+    def _queue_names(self) -> list[str]:
+        names = {TRACE_QUEUE}
+        try:
+            for w in service.live_workers(self.state.db,
+                                          max_age_s=self.state.heartbeat_max_age_s):
+                if w.get("queue"):
+                    names.add(w["queue"])
+        except Exception as exc:
+            log.warning("metrics: cannot list workers: %s", exc)
+        return sorted(names)
+
+    def _queue_depth(self) -> Iterator[Any]:
+        broker = self.state.settings.resolved_broker_url()
+        if not broker.startswith(("redis://", "rediss://", "unix://")):
+            return  # other brokers (the embedded SQLite one) have no cheap LLEN
+        up = GaugeMetricFamily("farm_broker_up", "1 if the last scrape could read the broker")
+        depth = GaugeMetricFamily("farm_queue_depth", "Messages waiting in each queue",
+                                  labels=["queue"])
+        try:
+            if self._redis is None:
+                import redis
+
+                self._redis = redis.Redis.from_url(broker, socket_timeout=1.0,
+                                                   socket_connect_timeout=1.0)
+            names = self._queue_names()
+            pipe = self._redis.pipeline(transaction=False)
+            for name in names:
+                pipe.llen(name)
+            for name, n in zip(names, pipe.execute(), strict=True):
+                depth.add_metric([name], int(n))
+        except Exception as exc:
+            log.warning("metrics: broker unreadable: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield depth

@@ -1,0 +1,243 @@
+"""Resolve: which artifact a node should load, and misses the fleet reports.
+
+This is the hot path of a rollout (thousands of nodes asking at once), so it
+is an ``async`` endpoint that normally never leaves the event loop: the token
+and the version's candidates come from short-lived caches, the resolver is a
+pure function, and each artifact is signed once (then kept). Only a cache
+miss, a first signature or a miss record goes to the database, in the
+thread pool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import OperationalError
+from starlette.concurrency import run_in_threadpool
+
+from farm.specs import CompileOptions, GradMode, SpecError, TensorSpec, format_inputs, parse_inputs
+from farm.target import Target
+from registry import resolver, service
+from registry.db import DatabaseUnavailable
+from registry.entities import FORMATS, ArtifactRecord
+
+from .deps import Reader, State
+from .schemas import (
+    INPUT_PATTERN,
+    NAME_PATTERN,
+    PROTECTED,
+    TARGET_PATTERN,
+    ResolveMissOut,
+    err,
+)
+from .signer import SIGNED_FIELDS
+from .state import AppState
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["resolve"], responses=PROTECTED)
+
+
+class Candidates:
+    """One version's artifacts as the resolve path needs them (cached)."""
+
+    __slots__ = ("json_by_id", "records", "version")
+
+    def __init__(self, version: str, records: list[ArtifactRecord]) -> None:
+        self.version = version
+        self.records = records
+        self.json_by_id = {r.id: r.to_json() for r in records}
+
+
+def _load_candidates(state: AppState, model: str, ref: str | None) -> Candidates | str:
+    """Candidates, or the NotFound message (cached too: a fleet asking for a
+    model that does not exist must not cost a query per node)."""
+    try:
+        version, records = service.version_candidates(state.db, model, ref)
+    except service.NotFound as exc:
+        return str(exc)
+    return Candidates(version, records)
+
+
+def parse_grad_mode(text: str) -> GradMode:
+    try:
+        return GradMode(text)
+    except ValueError:
+        raise SpecError(f"unknown grad_mode {text!r}; known: inference, training") from None
+
+
+def parse_options(text: str | None) -> CompileOptions | None:
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SpecError(f"options must be a JSON object, e.g. {{\"mode\": \"default\"}}: "
+                        f"{exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError("options must be a JSON object, e.g. {\"mode\": \"default\"}")
+    return CompileOptions.from_json(data)
+
+
+def parse_formats(formats: list[str] | None) -> list[str] | None:
+    if not formats:
+        return None
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise SpecError(f"unknown format(s) {', '.join(map(repr, unknown))}; "
+                        f"known: {', '.join(FORMATS)}")
+    return formats
+
+
+def _sign_and_store(state: AppState, record: ArtifactRecord) -> str:
+    signature = state.signer.sign(record)
+    try:
+        service.set_signature(state.db, record.id, signature)
+    except (DatabaseUnavailable, OperationalError) as exc:
+        # Ed25519 is deterministic: the same signature is stored next time.
+        log.warning("could not store the signature of artifact %s: %s", record.id, exc)
+    return signature
+
+
+async def signature_of(state: AppState, record: ArtifactRecord) -> str:
+    sig = record.signature or state.signatures.get(record.id)
+    if sig is None:
+        sig = await run_in_threadpool(_sign_and_store, state, record)
+    # Remembered by id: the cached candidate still holds the unsigned record.
+    state.signatures[record.id] = sig
+    return sig
+
+
+async def artifact_out(state: AppState, request: Request, cands: Candidates,
+                       record: ArtifactRecord) -> dict[str, Any]:
+    return {
+        **cands.json_by_id[record.id],
+        "signature": await signature_of(state, record),
+        "signed_fields": SIGNED_FIELDS,
+        "download_url": f"{request.base_url}v1/artifacts/{record.digest}/blob",
+        "version": cands.version,
+    }
+
+
+@router.get(
+    "/v1/resolve",
+    responses={
+        200: {"description": "the best artifact for the node, and the other loadable ones"},
+        404: err("unknown model or ref, or no artifact the node can load; `rejections` "
+                 "says why each candidate was refused", ResolveMissOut),
+        422: err("malformed input spec, target, grad mode, format or options"),
+    },
+)
+async def resolve(
+    request: Request,
+    state: State,
+    _: Reader,
+    model: Annotated[str, Query(max_length=128, description="model name",
+                                json_schema_extra={"pattern": NAME_PATTERN})],
+    target: Annotated[str, Query(max_length=512, description="the node's full target string",
+                                 json_schema_extra={"pattern": TARGET_PATTERN})],
+    inputs: Annotated[list[str], Query(alias="input", min_length=1, max_length=64,
+                                       description="input specs, e.g. float32[8,64]",
+                                       json_schema_extra={"items": {"type": "string",
+                                                                    "pattern": INPUT_PATTERN}})],
+    ref: Annotated[str | None, Query(max_length=64,
+                                     description="version or alias; default: 'latest' "
+                                                 "alias, else the newest version")] = None,
+    grad_mode: Annotated[str, Query(max_length=16)] = "inference",
+    formats: Annotated[list[str] | None, Query(alias="format", max_length=8,
+                                               description="formats the node can load")] = None,
+    options: Annotated[str | None, Query(max_length=512,
+                                         description="compile options as JSON")] = None,
+) -> JSONResponse:
+    specs = parse_inputs(inputs)
+    node = Target.parse(target)
+    mode = parse_grad_mode(grad_mode)
+    opts = parse_options(options)
+    wanted = parse_formats(formats)
+
+    key = (model, ref)
+    hit, cached = state.candidates.peek(key)
+    if not hit:
+        cached = await run_in_threadpool(state.candidates.get_or_load, key,
+                                         lambda: _load_candidates(state, model, ref))
+    metrics = request.app.state.metrics
+    if isinstance(cached, str):
+        # A name that does not exist is the caller's mistake, not a gap in
+        # what the farm builds: answered, counted, not recorded.
+        metrics.resolves.labels("miss").inc()
+        return JSONResponse({"detail": cached, "rejections": []}, status_code=404)
+    assert isinstance(cached, Candidates)
+    result = resolver.resolve(cached.records, target=node, inputs=specs, grad_mode=mode,
+                              options=opts, formats=wanted)
+    if result.best is None:
+        metrics.resolves.labels("miss").inc()
+        rejections = [
+            {"digest": r.artifact.digest, "format": r.artifact.format,
+             "target": str(r.artifact.target), "code": r.code, "reason": r.reason}
+            for r in result.rejected
+        ]
+        what = f"{model}@{cached.version}"
+        codes = ", ".join(sorted({r["code"] for r in rejections}))
+        if rejections:
+            detail = (f"no artifact of {what} fits this node: {len(rejections)} "
+                      f"candidate(s) rejected ({codes})")
+        else:
+            detail = f"{what} has no artifacts yet (not built, or its builds are still running)"
+        await _record_miss(state, model, cached.version, specs, mode, node, rejections)
+        return JSONResponse({"detail": detail, "model": model, "version": cached.version,
+                             "rejections": rejections}, status_code=404)
+    metrics.resolves.labels("hit").inc()
+    outs = [await artifact_out(state, request, cached, r) for r in result.accepted]
+    return JSONResponse({
+        "model": model, "version": cached.version, "ref": ref,
+        "artifact": outs[0], "alternatives": outs[1:],
+        "key_id": state.signer.key_id,
+    })
+
+
+async def _record_miss(state: AppState, model: str, version: str | None,
+                       specs: tuple[TensorSpec, ...], mode: GradMode, node: Target,
+                       reasons: list[Any]) -> None:
+    # One row per distinct miss per few seconds per replica: a whole fleet
+    # missing at once must not become thousands of inserts.
+    key = (model, version, format_inputs(specs), mode.value, str(node))
+    hit, _ = state.recent_misses.peek(key)
+    if hit:
+        return
+    state.recent_misses.put(key, True)
+    try:
+        await run_in_threadpool(service.record_miss, state.db, model=model, version=version,
+                                inputs=specs, grad_mode=mode, target=node, reasons=reasons)
+    except Exception as exc:  # the answer matters more than the record
+        log.warning("could not record a resolve miss: %s", exc)
+
+
+class MissIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(max_length=128, json_schema_extra={"pattern": NAME_PATTERN})
+    ref: str | None = Field(default=None, max_length=64, description="version or alias asked for")
+    inputs: list[Annotated[str, Field(max_length=256,
+                                      json_schema_extra={"pattern": INPUT_PATTERN})]] = Field(
+        min_length=1, max_length=64)
+    grad_mode: str = Field(default="inference", max_length=16)
+    target: str = Field(max_length=512, json_schema_extra={"pattern": TARGET_PATTERN})
+    reasons: list[Any] = Field(default_factory=list, max_length=256,
+                               description="why nothing was used (rejections, a load error)")
+
+
+@router.post("/v1/misses", status_code=202, tags=["resolve"],
+             responses={413: err("body over MAX_BODY_BYTES")})
+def report_miss(body: MissIn, state: State, _: Reader) -> dict[str, Any]:
+    """A node reports that it could not use the farm's artifact (and fell back to JIT)."""
+    specs = parse_inputs(body.inputs)
+    node = Target.parse(body.target)
+    mode = parse_grad_mode(body.grad_mode)
+    service.record_miss(state.db, model=body.model, version=body.ref, inputs=specs,
+                        grad_mode=mode, target=node, reasons=body.reasons)
+    return {"recorded": True}

@@ -1,0 +1,122 @@
+"""What one API process holds: settings, database, blob store, key, caches."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from farm.settings import Settings
+from registry.auth import Authenticator
+from registry.blobstore import BlobStore
+from registry.db import Database
+
+from .signer import Signer
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+Enqueue = Callable[[str], None]
+
+
+class TTLCache(Generic[K, V]):
+    """A small cache of values that may be a little stale (``ttl_s``).
+
+    ``get_or_load`` is safe from many threads; only one of them loads a
+    missing key while the others wait for it, so a fleet asking the same
+    question at once costs the database one query per TTL, not thousands.
+    Errors are not cached. When loading fails with one of ``stale_on``
+    (the database is down), an entry that expired less than ``stale_s`` ago
+    is served instead: a fleet keeps resolving through a database blip.
+    """
+
+    def __init__(self, ttl_s: float, *, max_entries: int = 4096, stale_s: float = 0.0,
+                 stale_on: tuple[type[BaseException], ...] = ()) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.stale_s = stale_s
+        self.stale_on = stale_on
+        self._data: dict[K, tuple[float, V]] = {}
+        self._locks: dict[K, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def peek(self, key: K) -> tuple[bool, V | None]:
+        entry = self._data.get(key)
+        if entry is not None and entry[0] > time.monotonic():
+            return True, entry[1]
+        return False, None
+
+    def put(self, key: K, value: V) -> None:
+        if self.ttl_s <= 0:
+            return
+        if len(self._data) >= self.max_entries:
+            with self._guard:
+                self._data.clear()
+        self._data[key] = (time.monotonic() + self.ttl_s, value)
+
+    def get_or_load(self, key: K, load: Callable[[], V]) -> V:
+        hit, value = self.peek(key)
+        if hit:
+            return value  # type: ignore[return-value]
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            hit, value = self.peek(key)
+            if hit:
+                return value  # type: ignore[return-value]
+            try:
+                fresh = load()
+            except self.stale_on as exc:
+                entry = self._data.get(key)
+                if entry is None or entry[0] + self.stale_s < time.monotonic():
+                    raise
+                log.warning("serving a stale cache entry for %r: %s", key, exc)
+                return entry[1]
+            self.put(key, fresh)
+        with self._guard:
+            if len(self._locks) > self.max_entries:
+                self._locks.clear()
+        return fresh
+
+    def invalidate(self, predicate: Callable[[K], bool] | None = None) -> None:
+        with self._guard:
+            if predicate is None:
+                self._data.clear()
+            else:
+                for key in [k for k in self._data if predicate(k)]:
+                    self._data.pop(key, None)
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    db: Database
+    store: BlobStore
+    enqueue: Enqueue
+    signer: Signer
+    auth: Authenticator
+    # (model, ref or None) -> (version, candidates) or NotFound
+    candidates: TTLCache[tuple[str, str | None], Any]
+    # signatures made by this process, by artifact id: the candidates cache
+    # may still hold the unsigned record for a second
+    signatures: dict[int, str] = field(default_factory=dict)
+    # whole resolve answers by (query string, Authorization, Host)
+    resolve_responses: TTLCache[tuple[bytes, bytes, bytes], Any] = field(
+        default_factory=lambda: TTLCache(0.0))
+    # S3 downloads: digests known to have a row, so a redirect is not a query
+    known_digests: TTLCache[str, bool] = field(default_factory=lambda: TTLCache(60.0))
+    # local blob files whose bytes matched their digest: digest -> the file's
+    # (inode, size, mtime, ctime) then; served again unhashed while unchanged
+    verified_files: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    # resolve misses recorded lately, so a fleet missing at once is one row per few seconds
+    recent_misses: TTLCache[tuple[Any, ...], bool] = field(
+        default_factory=lambda: TTLCache(5.0))
+
+    @property
+    def heartbeat_max_age_s(self) -> float:
+        return 3.0 * self.settings.heartbeat_s
