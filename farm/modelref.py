@@ -1,0 +1,245 @@
+"""Import a job's model entrypoint and build the model without its weights.
+
+Every stage builds the same way so that what was traced is what gets compiled:
+
+- ``build_module(ref, device="meta")``: the factory runs under the meta device, so
+  a 70B model costs no memory and no init time (trace stage).
+- ``build_module(ref, device="cuda")`` (or ``materialize(module, device)``): meta,
+  then ``to_empty()`` and a seeded random init (compile workers and verifiers).
+  A module built under FakeTensorMode failed its guards ("expected tensor, found
+  Parameter") and once segfaulted at load; meta + ``to_empty()`` gives real
+  Parameters, which is what the fleet node calls the artifact with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from farm.specs import GradMode, ModelRef, TensorSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEED = 0
+# Parameters that no reset_parameters() covers get N(0, 0.02), the usual transformer
+# init: small enough that deep stacks of random layers stay finite in bf16.
+FALLBACK_STD = 0.02
+
+
+class ModelError(Exception):
+    """The user's model could not be imported or built. ``traceback_text`` holds the
+    original traceback so a build record can show where the user's code failed."""
+
+    def __init__(self, message: str, *, traceback_text: str = "") -> None:
+        super().__init__(message)
+        self.traceback_text = traceback_text
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base}\n\n{self.traceback_text}" if self.traceback_text else base
+
+    def __reduce__(self) -> Any:
+        # Keyword-only fields survive pickling (a process pool, a task result).
+        return (_rebuild, (type(self), self.args[0] if self.args else "", dict(self.__dict__)))
+
+
+def _rebuild(cls: type[ModelError], message: str, state: dict[str, Any]) -> ModelError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+class ModelImportError(ModelError):
+    def __init__(
+        self, message: str, *, module: str, attribute: str, traceback_text: str = ""
+    ) -> None:
+        super().__init__(message, traceback_text=traceback_text)
+        self.module = module
+        self.attribute = attribute
+
+
+class ModelBuildError(ModelError):
+    """The factory raised, or returned something that is not a module."""
+
+
+def load_callable(entrypoint: str) -> Callable[..., Any]:
+    """``'pkg.mod:attr.sub'`` -> the callable it names."""
+    module_name, sep, attr_path = entrypoint.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ModelImportError(
+            f"bad entrypoint {entrypoint!r}: expected 'package.module:callable'",
+            module=module_name,
+            attribute=attr_path,
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module body can raise anything
+        raise ModelImportError(
+            f"cannot import module {module_name!r} of entrypoint {entrypoint!r}: "
+            f"{type(exc).__name__}: {exc}",
+            module=module_name,
+            attribute=attr_path,
+            traceback_text=traceback.format_exc(),
+        ) from exc
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise ModelImportError(
+                f"module {module_name!r} has no attribute {attr_path!r} "
+                f"(entrypoint {entrypoint!r})",
+                module=module_name,
+                attribute=attr_path,
+                traceback_text=traceback.format_exc(),
+            ) from exc
+    if not callable(obj):
+        raise ModelImportError(
+            f"{entrypoint!r} is a {type(obj).__name__}, not a callable",
+            module=module_name,
+            attribute=attr_path,
+        )
+    return obj
+
+
+def build_module(
+    model: ModelRef, *, device: str | torch.device = "meta", seed: int = DEFAULT_SEED
+) -> nn.Module | Callable[..., Any]:
+    """Build the model weight-free on meta; for any other device, materialise it
+    there with seeded random values. A ``kind='function'`` ref is returned as is."""
+    fn = load_callable(model.entrypoint)
+    if model.kind == "function":
+        return fn
+    try:
+        with torch.device("meta"):
+            built = fn(**dict(model.kwargs))
+    except Exception as exc:
+        raise ModelBuildError(
+            f"model factory {model.entrypoint!r} raised {type(exc).__name__}: {exc}",
+            traceback_text=traceback.format_exc(),
+        ) from exc
+    if not isinstance(built, nn.Module):
+        raise ModelBuildError(
+            f"model factory {model.entrypoint!r} returned {type(built).__name__}, "
+            "expected a torch.nn.Module (use kind='function' for a free function)"
+        )
+    if torch.device(device).type != "meta":
+        materialize(built, device, seed=seed)
+    return built
+
+
+def materialize(
+    module: nn.Module, device: str | torch.device, *, seed: int = DEFAULT_SEED
+) -> nn.Module:
+    """Give a meta-built module real, deterministic storage on ``device``.
+
+    ``to_empty()`` keeps Parameters as Parameters (compiled guards check the type)
+    but leaves memory uninitialised, so every tensor is then written: modules with
+    ``reset_parameters()`` (Linear, Embedding, norms) init themselves, everything
+    else gets N(0, 0.02) for float parameters and zeros for buffers. The same seed
+    gives the same values in every process, so a verifier can rebuild the model a
+    compile worker used.
+    """
+    device = torch.device(device)
+    module.to_empty(device=device)
+    # Fork only the RNG of the device we write to: forking every GPU is slow and
+    # the caller's RNG stream is left as it was.
+    accel = device.type not in ("cpu", "meta")
+    rng_devices = [device.index or 0] if accel else []
+    covered: set[int] = set()
+    with torch.random.fork_rng(
+        devices=rng_devices, device_type=device.type if accel else "cpu"
+    ), torch.no_grad():
+        torch.manual_seed(seed)
+        for sub in module.modules():
+            reset = getattr(sub, "reset_parameters", None)
+            if not callable(reset):
+                continue
+            try:
+                reset()
+            except Exception:  # a custom reset_parameters with required args, say
+                log.debug("reset_parameters of %s failed; using fallback init",
+                          type(sub).__name__, exc_info=True)
+                continue
+            covered.update(id(t) for t in sub.parameters(recurse=False))
+            covered.update(id(t) for t in sub.buffers(recurse=False))
+        for p in module.parameters():
+            if id(p) in covered:
+                continue
+            if p.is_floating_point() or p.is_complex():
+                p.normal_(0.0, FALLBACK_STD)
+            else:
+                p.zero_()
+        for b in module.buffers():
+            if id(b) not in covered:
+                # Garbage (possibly NaN) would make eager-vs-compiled checks meaningless.
+                b.zero_()
+    return module
+
+
+def apply_grad_mode(module: nn.Module, grad_mode: GradMode) -> None:
+    """train()/eval() to match the artifact's grad mode: dynamo guards on the
+    ``training`` flag, so trace, compile and the fleet must all agree."""
+    module.train(grad_mode is GradMode.TRAINING)
+
+
+def grad_context(grad_mode: GradMode) -> contextlib.AbstractContextManager[Any]:
+    """The autograd state an artifact is compiled and called under (guards pin it)."""
+    return torch.enable_grad() if grad_mode is GradMode.TRAINING else torch.no_grad()
+
+
+def example_inputs(
+    specs: Sequence[TensorSpec],
+    *,
+    device: str | torch.device = "meta",
+    seed: int = DEFAULT_SEED,
+    mark_dynamic: bool = True,
+) -> list[torch.Tensor]:
+    """One tensor per spec at its example shape, with dynamic dims marked.
+
+    Integer inputs are zeros (a valid index for any embedding table, whose size the
+    spec does not know); float inputs are seeded normal values; on meta nothing is
+    written at all.
+    """
+    device = torch.device(device)
+    out: list[torch.Tensor] = []
+    gen = None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
+    for spec in specs:
+        dtype = getattr(torch, spec.dtype)
+        if gen is None:
+            t = torch.empty(spec.shape, dtype=dtype, device=device)
+        elif dtype.is_floating_point:
+            t = torch.randn(spec.shape, dtype=dtype, device=device, generator=gen)
+        elif dtype == torch.bool:
+            t = torch.randint(0, 2, spec.shape, device=device, generator=gen).bool()
+        else:
+            t = torch.zeros(spec.shape, dtype=dtype, device=device)
+        if mark_dynamic:
+            mark_dynamic_dims(t, spec)
+        out.append(t)
+    return out
+
+
+def mark_dynamic_dims(t: torch.Tensor, spec: TensorSpec) -> None:
+    """``mark_dynamic`` with the spec's range: one artifact for every size in it,
+    and a compile error (not a silent specialisation) if the model pins the size."""
+    import torch._dynamo  # deferred: importing dynamo costs about a second
+
+    for i in spec.dynamic_dims:
+        dim = spec.dims[i]
+        torch._dynamo.mark_dynamic(t, i, min=dim.lo, max=dim.hi)
+
+
+def iter_named_tensors(module: nn.Module) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """(kind, name, tensor) for every parameter and buffer, shared ones once."""
+    for name, p in module.named_parameters():
+        yield "param", name, p
+    for name, b in module.named_buffers():
+        yield "buffer", name, b

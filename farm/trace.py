@@ -1,0 +1,610 @@
+"""The trace stage: build a model without weights, capture its full graph, fail fast
+on graph breaks, and record what it is (fingerprint, size, FLOPs).
+
+How the graph is captured, and why:
+
+- ``torch.compile(fullgraph=True)`` with a capturing backend, i.e. Dynamo, the very
+  front end the compile stage's ``aot_compile`` runs. What breaks here breaks
+  there and vice versa, and its errors carry the reason and the user's
+  ``file:line`` (``exc.real_stack``) on torch 2.11 and 2.13 alike. Non-strict
+  ``torch.export`` would run the model as Python and never see a Dynamo graph
+  break; strict export adds an aten lowering the fingerprint does not need.
+- Nothing is ever executed. Without dynamic dims the backend stops Dynamo as
+  soon as it has the graph (guard building is a tenth of a 70B trace and cannot
+  fail on a static spec). With dynamic dims Dynamo runs to the end, guards
+  included, because a dim the model specialises only fails there
+  (``ConstraintViolationError``), which the compile worker would otherwise hit
+  minutes later; the backend then returns a function that raises instead of
+  running.
+- The model is built on the meta device (no memory, no init work) and called with
+  meta inputs; Dynamo fakes them itself. Building under FakeTensorMode instead
+  would run every init op through fake dispatch for nothing.
+- Repeated blocks (the same composite module class several times in a
+  ModuleList or Sequential: transformer layers) are traced as nested compile
+  regions (``torch.compiler.nested_compile_region``): Dynamo traces the block
+  once and stamps it out for every later call whose guards match: a reuse check
+  per layer instead of a retrace (a 70B Llama captures about 3x faster). The whole graph is still
+  captured and fingerprinted (each call is a node taking that layer's
+  parameters). Any failure in that mode is retried without regions, so a graph
+  break is always reported by plain Dynamo, exactly as the compile stage sees it.
+- FLOPs come from the captured graph with ``FlopCounterMode``: each computing
+  node runs once on fresh static fake tensors of its recorded shapes (dynamic
+  dims at their example size), and a region's FLOPs are counted once and
+  multiplied by its calls.
+
+``trace()`` resets Dynamo's in-process caches when it is done (otherwise a second
+trace of the same class would hit the first one's cache and capture nothing): run
+it in a process that serves no compiled code, as the trace task's child does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from farm import fingerprint as fp
+from farm.modelref import (
+    apply_grad_mode,
+    build_module,
+    example_inputs,
+    grad_context,
+    iter_named_tensors,
+)
+from farm.specs import JobSpec
+
+log = logging.getLogger(__name__)
+
+# A block class must repeat this often before it becomes a compile region: below
+# that, the region machinery costs more than tracing the copies.
+MIN_REGION_REPEATS = 2
+TOP_OPS = 25
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+class CaptureError(Exception):
+    """The model built, but its full graph could not be captured.
+
+    ``reason`` is torch's one-paragraph explanation, ``location`` the innermost
+    user frame as ``file:line``, ``detail`` torch's whole message."""
+
+    kind = "capture failed"
+
+    def __init__(self, reason: str, *, location: str | None = None, detail: str = "") -> None:
+        self.reason = reason
+        self.location = location
+        self.detail = detail
+        where = f" at {location}" if location else ""
+        super().__init__(f"{self.kind}{where}: {reason}")
+
+    def __reduce__(self) -> Any:
+        # Keyword-only fields survive pickling (a process pool, a task result).
+        return (_rebuild_capture_error, (type(self), self.reason, self.location, self.detail))
+
+
+def _rebuild_capture_error(
+    cls: type[CaptureError], reason: str, location: str | None, detail: str
+) -> CaptureError:
+    return cls(reason, location=location, detail=detail)
+
+
+class GraphBreakError(CaptureError):
+    """Dynamo cannot put the whole forward into one graph (unsupported Python,
+    data-dependent control flow, an explicit graph_break()...)."""
+
+    kind = "graph break"
+
+
+class DynamicDimError(CaptureError):
+    """A dim the spec marks dynamic is specialised (or narrowed) by the model."""
+
+    kind = "dynamic dim violated"
+
+
+@dataclass(frozen=True)
+class TraceReport:
+    fingerprint: str
+    graph_hash: str
+    param_count: int
+    param_bytes: int
+    buffer_count: int
+    buffer_bytes: int
+    flops: int  # forward FLOPs at the example shapes (a multiply-add counts 2)
+    graph_nodes: int  # computing nodes of the whole graph, regions expanded per call
+    ops: dict[str, int]  # the most frequent targets, regions expanded
+    trace_s: float  # build + capture + analysis, import of torch excluded
+    capture: str  # "dynamo" or "dynamo+regions"
+    regions: int  # region calls in the captured graph (0 without regions)
+    example_shapes: list[list[int]]
+    torch_version: str = field(default_factory=lambda: torch.__version__)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TraceReport:
+        return cls(**data)
+
+
+# --------------------------------------------------------------------------- #
+# entry point
+# --------------------------------------------------------------------------- #
+
+
+def trace(spec: JobSpec, *, regions: bool = True) -> TraceReport:
+    """Build ``spec.model`` weight-free and capture its full graph.
+
+    Raises ``ModelImportError``/``ModelBuildError`` (from farm.modelref) when the
+    model cannot be built, ``GraphBreakError`` or ``DynamicDimError`` when its graph
+    cannot be captured whole, and ``CaptureError`` for anything else Dynamo
+    rejects (e.g. the model fails on inputs of the given shapes).
+    """
+    import torch._dynamo  # deferred: importing Dynamo costs about a second
+
+    start = time.perf_counter()
+    model = build_module(spec.model, device="meta")
+    inputs = example_inputs(spec.inputs, device="meta")
+    tensors: list[tuple[str, str, torch.Tensor]] = []
+    if isinstance(model, nn.Module):
+        apply_grad_mode(model, spec.grad_mode)
+        tensors = list(iter_named_tensors(model))
+
+    try:
+        gm, capture = _capture_with_fallback(model, inputs, spec, regions=regions)
+        analysis = _analyse(gm)
+        ghash = fp.graph_hash(gm)
+    finally:
+        torch.compiler.reset()
+
+    params = [t for kind, _, t in tensors if kind == "param"]
+    buffers = [t for kind, _, t in tensors if kind == "buffer"]
+    return TraceReport(
+        fingerprint=fp.fingerprint(
+            graph=ghash,
+            tensors=fp.tensor_lines(tensors),
+            inputs=spec.inputs,
+            grad_mode=spec.grad_mode,
+            options=spec.options,
+        ),
+        graph_hash=ghash,
+        param_count=sum(p.numel() for p in params),
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        buffer_count=sum(b.numel() for b in buffers),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in buffers),
+        flops=analysis.flops,
+        graph_nodes=analysis.nodes,
+        ops=dict(analysis.ops.most_common(TOP_OPS)),
+        trace_s=round(time.perf_counter() - start, 3),
+        capture=capture,
+        regions=analysis.region_calls,
+        example_shapes=[list(s.shape) for s in spec.inputs],
+    )
+
+
+# --------------------------------------------------------------------------- #
+# capture
+# --------------------------------------------------------------------------- #
+
+
+class _Captured(Exception):
+    """Raised by the compiled function instead of running it."""
+
+
+def _capture_with_fallback(
+    model: nn.Module | Callable[..., Any],
+    inputs: list[torch.Tensor],
+    spec: JobSpec,
+    *,
+    regions: bool,
+) -> tuple[torch.fx.GraphModule, str]:
+    if regions and isinstance(model, nn.Module):
+        swapped = _install_regions(model)
+        if swapped:
+            try:
+                return _capture(model, inputs, spec), "dynamo+regions"
+            except Exception as exc:
+                # Regions are an optimisation only; plain Dynamo gives the verdict
+                # (and the error text) the compile stage will see.
+                log.info("capture with compile regions failed (%s); retrying without",
+                         type(exc).__name__)
+                torch.compiler.reset()
+            finally:
+                _remove_regions(swapped)
+    return _capture(model, inputs, spec), "dynamo"
+
+
+def _capture(
+    model: nn.Module | Callable[..., Any], inputs: list[torch.Tensor], spec: JobSpec
+) -> torch.fx.GraphModule:
+    # Guards are only worth building when a dim is marked dynamic: that is where a
+    # specialised dim surfaces (ConstraintViolationError). Otherwise stop Dynamo in
+    # the backend and skip guard building, a tenth of a 70B trace.
+    need_guards = any(s.dynamic_dims for s in spec.inputs)
+    for attempt in (1, 2):
+        graphs: list[torch.fx.GraphModule] = []
+        backend = _capturing_backend(graphs, need_guards=need_guards)
+        compiled = torch.compile(model, fullgraph=True, backend=backend)
+        try:
+            with grad_context(spec.grad_mode):
+                compiled(*inputs)
+        except Exception as exc:
+            if not _is_captured(exc):
+                raise _to_capture_error(exc) from exc
+        if graphs:
+            return graphs[-1]
+        # A cache entry from an earlier compile of the same code answered the call
+        # (or the recompile limit sent it to eager): start clean and try again.
+        log.debug("dynamo did not call the backend (attempt %d); resetting", attempt)
+        torch.compiler.reset()
+    raise CaptureError("Dynamo never called the capturing backend", location=None)
+
+
+def _capturing_backend(
+    graphs: list[torch.fx.GraphModule], *, need_guards: bool
+) -> Callable[..., Any]:
+    def backend(gm: torch.fx.GraphModule, example: list[Any]) -> Callable[..., Any]:
+        graphs.append(gm)
+        if not need_guards:
+            raise _Captured
+
+        def refuse(*args: Any) -> Any:
+            raise _Captured
+
+        return refuse
+
+    return backend
+
+
+def _is_captured(exc: BaseException | None) -> bool:
+    # Dynamo wraps a backend's exception in BackendCompilerFailed.
+    seen = 0
+    while exc is not None and seen < 8:
+        inner = getattr(exc, "inner_exception", None)
+        if isinstance(exc, _Captured) or isinstance(inner, _Captured):
+            return True
+        exc = exc.__cause__
+        seen += 1
+    return False
+
+
+def _to_capture_error(exc: Exception) -> Exception:
+    import torch._dynamo.exc as dexc
+    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+
+    detail = str(exc)
+    location = _user_location(exc)
+    if isinstance(exc, ConstraintViolationError) or isinstance(
+        exc.__cause__, ConstraintViolationError
+    ):
+        # torch lists one "- You marked ... but your code specialized it" per dim.
+        bullets = [ln.strip()[2:] for ln in detail.splitlines() if ln.strip().startswith("- ")]
+        reason = "; ".join(bullets) or _reason(detail)
+        return DynamicDimError(reason, location=location, detail=detail)
+    if isinstance(exc, dexc.Unsupported) or (
+        # Control flow on a captured scalar (``if x.item() > 0``) is a UserError:
+        # a graph break under another name.
+        isinstance(exc, dexc.UserError) and "data-dependent" in detail
+    ):
+        return GraphBreakError(_reason(detail), location=location, detail=detail)
+    if isinstance(exc, dexc.TorchDynamoException):
+        return CaptureError(_reason(detail), location=location, detail=detail)
+    # An exception the user's forward raised while being traced.
+    return CaptureError(
+        f"{type(exc).__name__}: {_reason(detail)}",
+        location=location,
+        detail=traceback.format_exc(),
+    )
+
+
+def _reason(message: str) -> str:
+    """torch's headline plus its Explanation line, when it gives one."""
+    lines = [ln.strip() for ln in message.strip().splitlines()]
+    head = next((ln for ln in lines if ln), "unknown error")
+    explanation = next(
+        (ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")),
+        "",
+    )
+    return f"{head}: {explanation}" if explanation else head
+
+
+def _user_location(exc: BaseException) -> str | None:
+    """The innermost frame of user code (not torch's) where Dynamo gave up."""
+    frames: list[tuple[str, int | None]] = []
+    for e in (exc, exc.__cause__):
+        stack = getattr(e, "real_stack", None)
+        if stack:
+            frames = [(f.filename, f.lineno) for f in stack]
+            break
+    if not frames:
+        frames = [
+            (m.group(1), int(m.group(2)))
+            for m in re.finditer(r'File "([^"]+)", line (\d+)', str(exc))
+        ]
+    if not frames:
+        return None
+    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
+    filename, lineno = (user or frames)[-1]
+    return f"{filename}:{lineno}"
+
+
+# --------------------------------------------------------------------------- #
+# compile regions for repeated blocks
+# --------------------------------------------------------------------------- #
+
+_region_classes: dict[type, type] = {}
+
+
+def _install_regions(model: nn.Module) -> list[tuple[nn.Module, type]]:
+    """Swap each repeated block's class for a subclass whose forward is a nested
+    compile region; returns (module, original class) to undo it.
+
+    Per-instance, not by patching the user's class: a class-level patch would leak
+    into every other user of the class in this process. (Binding a region to an
+    instance's ``forward`` attribute instead made Dynamo 2.13 reuse layer 0's
+    parameters for every layer, so the subclass it is.)
+    """
+    region = getattr(torch.compiler, "nested_compile_region", None)
+    if region is None:  # older torch: no regions, plain capture
+        return []
+    candidates: list[tuple[str, nn.Module]] = []
+    counts: Counter[type] = Counter()
+    for name, container in model.named_modules():
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+            continue
+        for child_name, child in container.named_children():
+            if _regionable(child):
+                candidates.append((f"{name}.{child_name}" if name else child_name, child))
+                counts[type(child)] += 1
+    chosen: list[str] = []
+    swapped: list[tuple[nn.Module, type]] = []
+    for name, child in candidates:
+        cls = type(child)
+        # A block nested in a chosen block stays plain: regions inside regions
+        # buy nothing once the outer one is reused.
+        if counts[cls] < MIN_REGION_REPEATS or any(name.startswith(c + ".") for c in chosen):
+            continue
+        sub = _region_classes.get(cls)
+        if sub is None:
+            metaclass: Any = type(cls)  # nn.Module subclasses may bring their own
+            sub = metaclass(
+                cls.__name__,
+                (cls,),
+                {
+                    "forward": region(cls.forward),
+                    "__module__": cls.__module__,
+                    "__qualname__": cls.__qualname__,
+                },
+            )
+            _region_classes[cls] = sub
+        chosen.append(name)
+        child.__class__ = sub
+        swapped.append((child, cls))
+    return swapped
+
+
+def _regionable(m: nn.Module) -> bool:
+    # Composite blocks only (a bare Linear gains nothing), with a forward of their
+    # own and no hooks (a hook outside the region would change what is traced).
+    return (
+        next(m.children(), None) is not None
+        and type(m).forward is not nn.Module.forward
+        and not (m._forward_hooks or m._forward_pre_hooks)
+    )
+
+
+def _remove_regions(swapped: list[tuple[nn.Module, type]]) -> None:
+    for module, cls in swapped:
+        module.__class__ = cls
+
+
+# --------------------------------------------------------------------------- #
+# analysis: FLOPs, node counts, op histogram
+# --------------------------------------------------------------------------- #
+
+
+@dataclass
+class _Analysis:
+    flops: int = 0
+    nodes: int = 0
+    ops: Counter[str] = field(default_factory=Counter)
+    region_calls: int = 0
+
+
+def _analyse(gm: torch.fx.GraphModule) -> _Analysis:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    # A fresh mode without a shape env: symbolic sizes become their example
+    # values, and nothing here can add a guard to Dynamo's shape env.
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    counter = FlopCounterMode(display=False)
+    memo: dict[str, _Analysis] = {}
+    with fake, counter:
+        return _analyse_graph(gm, memo, counter)
+
+
+def _analyse_graph(
+    gm: torch.fx.GraphModule,
+    memo: dict[str, _Analysis],
+    counter: Any,
+) -> _Analysis:
+    out = _Analysis()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            _add(out, _analyse_hop(gm, node, memo, counter))
+            continue
+        name = fp.target_name(node)
+        out.nodes += 1
+        out.ops[name] += 1
+        if name in _ZERO_FLOP:
+            continue
+        before = counter.get_total_flops()
+        _run_node(gm, node)
+        out.flops += counter.get_total_flops() - before
+    return out
+
+
+# Targets that never reach a matmul, convolution or attention kernel (the only ops
+# FlopCounterMode counts): skipping them saves replaying most of a graph.
+# Anything not listed is replayed, so a missing name costs time, never accuracy.
+_ZERO_FLOP = frozenset(
+    [f"_operator.{n}" for n in (
+        "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "getitem",
+        "lt", "le", "gt", "ge", "eq", "ne", "and_", "or_", "not_", "invert", "iadd", "imul",
+    )]
+    + [f"Tensor.{n}" for n in (
+        "view", "reshape", "transpose", "permute", "contiguous", "to", "float", "half",
+        "bfloat16", "type_as", "chunk", "split", "size", "dim", "unsqueeze", "squeeze",
+        "expand", "expand_as", "repeat", "repeat_interleave", "flatten", "unflatten",
+        "narrow", "select", "clone", "detach", "masked_fill", "pow", "mean", "sum", "exp",
+        "sin", "cos", "rsqrt", "sqrt", "softmax", "add", "mul", "sub", "div", "t",
+    )]
+    + [f"torch.{n}" for n in (
+        "cat", "stack", "arange", "zeros", "ones", "empty", "full", "rsqrt", "sqrt", "exp",
+        "sin", "cos", "tanh", "sigmoid", "relu", "softmax", "where", "triu", "tril", "outer",
+        "polar", "view_as_real", "view_as_complex", "flatten", "reshape", "mean", "sum",
+    )]
+    + [f"torch.nn.functional.{n}" for n in (
+        "silu", "gelu", "relu", "softmax", "dropout", "embedding", "pad", "layer_norm",
+        "rms_norm",
+    )]
+)
+
+
+def _analyse_hop(
+    gm: torch.fx.GraphModule,
+    node: torch.fx.Node,
+    memo: dict[str, _Analysis],
+    counter: Any,
+) -> _Analysis:
+    subgraphs = [
+        sub
+        for a in node.args
+        if isinstance(a, torch.fx.Node) and a.op == "get_attr"
+        for sub in [fp._get_attr(gm, str(a.target))]
+        if isinstance(sub, torch.fx.GraphModule)
+    ]
+    name = node.target.name()
+    if name == "invoke_subgraph" and len(node.args) > 1 and isinstance(node.args[1], str):
+        # Dynamo reuses a region's identifier only for calls it proved identical.
+        key = node.args[1]
+        if key not in memo:
+            memo[key] = _sum(_analyse_graph(s, memo, counter) for s in subgraphs)
+        result = _copy(memo[key])
+        result.region_calls += 1
+        return result
+    total = _sum(_analyse_graph(s, memo, counter) for s in subgraphs)
+    total.nodes += 1
+    total.ops[f"higher_order.{name}"] += 1
+    return total
+
+
+def _add(a: _Analysis, b: _Analysis) -> None:
+    a.flops += b.flops
+    a.nodes += b.nodes
+    a.ops.update(b.ops)
+    a.region_calls += b.region_calls
+
+
+def _sum(parts: Iterable[_Analysis]) -> _Analysis:
+    out = _Analysis()
+    for p in parts:
+        _add(out, p)
+    return out
+
+
+def _copy(a: _Analysis) -> _Analysis:
+    return _Analysis(a.flops, a.nodes, Counter(a.ops), a.region_calls)
+
+
+def _run_node(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+    """Run one node on fresh fakes shaped like its recorded inputs, so the FLOP
+    counter sees the aten ops it dispatches to. Only tensor-in, tensor-out nodes
+    run: the rest (grad-mode and autocast switches, getitem on sizes) compute
+    nothing and some of them change global state."""
+    if not _is_tensorish(node.meta.get("example_value", node.meta.get("val"))):
+        return
+    has_tensor_input = False
+
+    def concrete(a: Any) -> Any:
+        nonlocal has_tensor_input
+        if isinstance(a, torch.fx.Node):
+            a = a.meta.get("example_value", a.meta.get("val"))
+        if isinstance(a, torch.Tensor):
+            has_tensor_input = True
+            return _static_fake(a)
+        if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return _hint(a)
+        if isinstance(a, (list, tuple)):
+            items = [concrete(x) for x in a]
+            if hasattr(a, "_fields"):  # a namedtuple takes its fields positionally
+                return type(a)(*items)
+            return type(a)(items)
+        if isinstance(a, dict):
+            return {k: concrete(v) for k, v in a.items()}
+        return a
+
+    try:
+        args = concrete(node.args)
+        kwargs = concrete(node.kwargs)
+        if not has_tensor_input:
+            return
+        if node.op == "call_method":
+            getattr(args[0], str(node.target))(*args[1:], **kwargs)
+        elif node.op == "call_function":
+            node.target(*args, **kwargs)
+        elif node.op == "call_module":
+            # Only without inline_inbuilt_nn_modules: the submodule's own (meta)
+            # parameters are fakified on the fly (allow_non_fake_inputs).
+            gm.get_submodule(str(node.target))(*args, **kwargs)
+    except Exception:
+        # A node we cannot replay counts no FLOPs; the capture itself succeeded.
+        log.debug("FLOP count skipped %s", node.format_node(), exc_info=True)
+
+
+def _is_tensorish(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        return True
+    return isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v)
+
+
+def _static_fake(t: torch.Tensor) -> torch.Tensor:
+    shape = [_hint(s) for s in t.shape]
+    try:
+        stride = [_hint(s) for s in t.stride()]
+        return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+    except Exception:  # sparse or otherwise strideless
+        return torch.empty(shape, dtype=t.dtype, device=t.device)
+
+
+def _hint(v: Any) -> Any:
+    """The example value behind a symbolic size, read without adding a guard."""
+    if not isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return v
+    node = v.node
+    hint = getattr(node, "_hint", None)
+    if hint is None:
+        try:
+            hint = node.shape_env.size_hint(node.expr, allow_none=True)
+        except Exception:
+            hint = None
+    if hint is None:  # unbacked (data-dependent) size: 1 keeps the count finite
+        hint = 1
+    if isinstance(v, torch.SymInt):
+        return int(hint)
+    if isinstance(v, torch.SymFloat):
+        return float(hint)
+    return bool(hint)
