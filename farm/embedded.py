@@ -98,6 +98,11 @@ def run_embedded(host: str = "127.0.0.1", port: int = 8000) -> None:
     get_settings.cache_clear()
     from registry.api.app import create_app
 
-    with worker_processes(env, log_dir=s.farm_home / "logs"):
+    # Which compile workers to start beside the API: this machine's CPU target
+    # by default; "cuda" (or "cpu,cuda") on a GPU host.
+    devices = tuple(
+        d.strip() for d in os.environ.get("FARM_EMBEDDED_DEVICES", "cpu").split(",") if d.strip()
+    )
+    with worker_processes(env, devices=devices, log_dir=s.farm_home / "logs"):
         print(f"torch-farm (embedded) on http://{host}:{port}  home={s.farm_home}", flush=True)
         uvicorn.run(create_app(), host=host, port=port, log_level="warning")

@@ -42,7 +42,11 @@ def make_celery() -> Celery:
         # given to another worker. Longer than the longest build, or a slow build
         # would run twice; a dead worker's build is picked up sooner by the
         # claim sweep (workers.tasks.sweep), which watches heartbeats.
-        broker_transport_options={"visibility_timeout": visibility},
+        # (The SQLite broker hands transport options to create_engine, which
+        # knows no visibility timeout: Redis only.)
+        broker_transport_options=(
+            {"visibility_timeout": visibility} if broker.startswith(("redis", "rediss")) else {}
+        ),
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,

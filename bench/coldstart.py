@@ -1,0 +1,475 @@
+"""A fleet node's cold start: time from process start to the first result.
+
+    .venv/bin/python bench/coldstart.py [--device cpu] [--model transformer|mlp|bench]
+                                        [--repeats 2] [--steady-calls 20]
+
+In one run: compile the farm's artifacts for this machine (in a sandboxed
+child, as a compile worker does), then measure each way of getting a first
+result in its own fresh process, rounds interleaved so a busy host slows every
+way alike:
+
+cpu (issue 3)
+  eager             no compile
+  jit               ``torch.compile`` with an empty Inductor cache, g++ present
+  jit+megacache     the same after ``torch.compiler.load_cache_artifacts`` of
+                    the bytes a jit run saved
+  farm aoti         the farm's CPU artifact on a cold node: empty Inductor
+                    cache and no C/C++ compiler on PATH (checked in the child)
+  farm aot_compile  the raw ``aot_compile`` artifact, empty cache, g++ present
+  farm aot_compile, no compiler   expected to fail: it recompiles C++ at load
+
+cuda (issue 7; scaffold, not run on this CPU host)
+  eager, jit, jit max-autotune-no-cudagraphs, jit+megacache, farm aot_compile
+  (default and max-autotune). The fleet path through the registry (resolve,
+  download, verify, load) is issue 7's to add.
+
+Prints a table of seconds, ratios against JIT and eager, CPU seconds and steady
+per-call times, and writes it to bench/results/coldstart-<device>-<date>.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from farm.sandbox import compilers_on_path, run_isolated, without_compilers  # noqa: E402
+from farm.specs import JobSpec  # noqa: E402
+
+MODELS: dict[str, tuple[str, dict[str, Any], str]] = {
+    # name: (entrypoint, kwargs, input spec)
+    "transformer": ("farm.zoo.basic:small_transformer", {}, "float32[4,64,128]"),
+    "mlp": ("farm.zoo.basic:mlp", {}, "float32[8,64]"),
+    "bench": ("farm.zoo.basic:bench_transformer", {}, "bfloat16[8,512,1024]"),
+}
+TIMEOUT_S = 900
+MEMORY_MB = 16000
+
+
+def job(model: str, *, mode: str = "default") -> JobSpec:
+    entry, kwargs, inputs = MODELS[model]
+    return JobSpec.from_json(
+        {
+            "name": f"coldstart-{model}",
+            "version": "1",
+            "model": {"entrypoint": entry, "kwargs": kwargs},
+            "inputs": [inputs],
+            "options": {"mode": mode},
+        }
+    )
+
+
+# --- the child: one way to a first result ---------------------------------------------
+
+
+def scenario(payload: dict[str, Any]) -> dict[str, Any]:
+    """Runs in a fresh process (farm.sandbox). Times count from the process's start."""
+    import resource
+
+    import psutil
+
+    started = psutil.Process().create_time()
+    import torch
+
+    t_import = time.time()
+    from farm.modelref import apply_grad_mode, build_module, example_inputs
+    from farm.specs import GradMode
+
+    spec = JobSpec.from_json(payload["spec"])
+    device = payload["device"]
+    kind = payload["kind"]
+    handle = None
+    if kind == "fleet":
+        # The fleet node's path: start resolve, download, verification and the
+        # imports loading needs in the background, then load the weights (here:
+        # build the model) as the node does anyway, then bind.
+        from farm.client import FarmClient, prefetch_compiled
+
+        handle = prefetch_compiled(
+            model=payload["farm_model"],
+            ref="1",
+            example_inputs=[str(x) for x in spec.inputs],
+            grad_mode="inference",
+            device=device.split(":")[0],
+            client=FarmClient(payload["farm_url"]),
+        )
+    model = build_module(spec.model, device=device, seed=0)
+    apply_grad_mode(model, GradMode.INFERENCE)
+    inputs = example_inputs(spec.inputs, device=device, mark_dynamic=False)
+    t_built = time.time()
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    out: dict[str, Any] = {"kind": kind}
+    with torch.no_grad():
+        if kind == "eager":
+            fn = model
+        elif kind in ("jit", "jit+megacache"):
+            if kind == "jit+megacache":
+                t0 = time.time()
+                info = torch.compiler.load_cache_artifacts(Path(payload["megacache"]).read_bytes())
+                out["megacache_load_s"] = time.time() - t0
+                out["megacache_entries"] = str(info)[:200] if info is not None else None
+            mode = payload.get("mode") or "default"
+            fn = torch.compile(model, fullgraph=True, mode=mode)
+        elif kind == "fleet":
+            assert handle is not None
+            t0 = time.time()
+            fn = handle.bind(model)
+            out["load_s"] = time.time() - t0
+            out["source"] = getattr(fn, "source", None)
+            out["reason"] = getattr(fn, "reason", None)
+            out["timings"] = dict(handle.timings)
+        elif kind == "farm":
+            from farm.loader import load_artifact
+
+            t0 = time.time()
+            fn = load_artifact(payload["artifact"], payload["format"], module=model)
+            out["load_s"] = time.time() - t0
+        else:
+            raise ValueError(f"unknown scenario {kind!r}")
+        t0 = time.time()
+        fn(*inputs)
+        sync()
+        t_first = time.time()
+        out["first_call_s"] = t_first - t0
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        ru_c = resource.getrusage(resource.RUSAGE_CHILDREN)  # g++ runs in children
+        out["cpu_s"] = ru.ru_utime + ru.ru_stime + ru_c.ru_utime + ru_c.ru_stime
+        n = int(payload.get("steady_calls", 20))
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn(*inputs)
+            sync()
+            times.append(time.perf_counter() - t)
+        out["steady_s"] = statistics.median(times) if times else None
+    if kind == "jit" and payload.get("megacache_out"):
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is not None:
+            Path(payload["megacache_out"]).write_bytes(saved[0])
+    out.update(
+        {
+            "to_first_result_s": t_first - started,
+            "import_s": t_import - started,
+            "build_s": t_built - t_import,
+            "compiled_files": _compiled_files(os.environ.get("TORCHINDUCTOR_CACHE_DIR")),
+        }
+    )
+    if payload.get("check_no_compiler"):
+        out["compilers_on_path"] = compilers_on_path(dict(os.environ))
+        try:
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            out["inductor_compiler"] = get_cpp_compiler()
+        except Exception as exc:
+            out["inductor_compiler"] = f"none ({type(exc).__name__})"
+    return out
+
+
+def _compiled_files(cache: str | None) -> int:
+    if not cache or not os.path.isdir(cache):
+        return 0
+    n = 0
+    for _, _, files in os.walk(cache):
+        n += sum(f.endswith((".so", ".cubin", ".o")) for f in files)
+    return n
+
+
+# --- the parent ---------------------------------------------------------------------
+
+
+def run_child(payload: dict[str, Any], *, no_compiler: bool = False) -> dict[str, Any]:
+    cache = tempfile.mkdtemp(prefix="coldstart-cache-")
+    try:
+        env = without_compilers() if no_compiler else dict(os.environ)
+        extra = {
+            "TORCHINDUCTOR_CACHE_DIR": cache,
+            "TRITON_CACHE_DIR": f"{cache}/triton",
+            "CLIENT_CACHE_DIR": f"{cache}/farm-node-cache",
+            "FARM_HOME": f"{cache}/farm",
+        }
+        res = run_isolated(
+            "bench.coldstart:scenario",
+            {**payload, "check_no_compiler": no_compiler},
+            timeout_s=TIMEOUT_S,
+            memory_mb=MEMORY_MB,
+            env=env,
+            env_extra=extra,
+            cwd=ROOT,
+        )
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    if res.ok:
+        return dict(res.value)
+    err = res.error or res.describe()
+    return {"error": f"{res.error_type or 'failed'}: {err.splitlines()[0][:160]}"}
+
+
+def build(spec: JobSpec, device: str, out_dir: Path) -> dict[str, dict[str, Any]]:
+    t0 = time.time()
+    res = run_isolated(
+        "farm.compile:compile_job",
+        {"spec": spec.to_json(), "device": device, "out_dir": str(out_dir)},
+        timeout_s=TIMEOUT_S,
+        memory_mb=MEMORY_MB,
+    )
+    if not res.ok:
+        raise SystemExit(f"compile failed: {res.describe()}\n{res.traceback or res.stderr_tail}")
+    arts = {a["format"]: a for a in res.value["artifacts"]}
+    print(
+        f"compiled {spec.options.mode} in {time.time() - t0:.1f} s: "
+        + ", ".join(
+            f"{f} {a['meta']['size'] / 1e6:.2f} MB ({a['meta']['compile_s']:.1f} s)"
+            for f, a in arts.items()
+        ),
+        flush=True,
+    )
+    return arts
+
+
+def plan(args: argparse.Namespace, workdir: Path) -> list[tuple[str, dict[str, Any], bool]]:
+    """(label, payload, no_compiler) for every way to a first result."""
+    spec = job(args.model)
+    base = {"spec": spec.to_json(), "device": args.device, "steady_calls": args.steady_calls}
+    mega = workdir / "megacache.bin"
+    rows: list[tuple[str, dict[str, Any], bool]] = [
+        ("eager", {**base, "kind": "eager"}, False),
+        ("jit (cold cache, g++)", {**base, "kind": "jit", "megacache_out": str(mega)}, False),
+        ("jit + megacache", {**base, "kind": "jit+megacache", "megacache": str(mega)}, False),
+    ]
+    if args.farm_url:
+        # Issue 7 through a running farm (bench/gpu_farm.py built these models):
+        # the whole fleet path, registry included.
+        if args.device == "cuda":
+            rows.append(
+                (
+                    "jit max-autotune-no-cudagraphs",
+                    {**base, "kind": "jit", "mode": "max-autotune-no-cudagraphs"},
+                    False,
+                )
+            )
+        for name in args.farm_models:
+            rows.append(
+                (
+                    f"farm fleet path: {name}",
+                    {**base, "kind": "fleet", "farm_url": args.farm_url, "farm_model": name},
+                    False,
+                )
+            )
+    elif args.device == "cpu":
+        arts = build(spec, "cpu", workdir / "default")
+        rows += [
+            (
+                "farm aoti (cold, no compiler)",
+                {**base, "kind": "farm", "format": "aoti", "artifact": arts["aoti"]["path"]},
+                True,
+            ),
+            (
+                "farm aot_compile (cold, g++)",
+                {
+                    **base,
+                    "kind": "farm",
+                    "format": "aot_compile",
+                    "artifact": arts["aot_compile"]["path"],
+                },
+                False,
+            ),
+            (
+                "farm aot_compile (cold, no compiler)",
+                {
+                    **base,
+                    "kind": "farm",
+                    "format": "aot_compile",
+                    "artifact": arts["aot_compile"]["path"],
+                },
+                True,
+            ),
+        ]
+    else:
+        # Issue 7: the same scenarios on the GPU, plus max-autotune.
+        arts = build(spec, args.device, workdir / "default")
+        tuned = build(
+            job(args.model, mode="max-autotune-no-cudagraphs"), args.device, workdir / "tuned"
+        )
+        rows += [
+            (
+                "jit max-autotune-no-cudagraphs",
+                {**base, "kind": "jit", "mode": "max-autotune-no-cudagraphs"},
+                False,
+            ),
+            (
+                "farm aot_compile (cold)",
+                {
+                    **base,
+                    "kind": "farm",
+                    "format": "aot_compile",
+                    "artifact": arts["aot_compile"]["path"],
+                },
+                False,
+            ),
+            (
+                "farm aot_compile max-autotune (cold)",
+                {
+                    **base,
+                    "kind": "farm",
+                    "format": "aot_compile",
+                    "artifact": tuned["aot_compile"]["path"],
+                },
+                False,
+            ),
+        ]
+    return rows
+
+
+def table(results: dict[str, list[dict[str, Any]]]) -> str:
+    def med(label: str, key: str) -> float | None:
+        vals = [r[key] for r in results[label] if r.get(key) is not None and "error" not in r]
+        return statistics.median(vals) if vals else None
+
+    jit = med("jit (cold cache, g++)", "to_first_result_s")
+    eager = med("eager", "to_first_result_s")
+    head = (
+        f"{'path to the first result (fresh process)':<40} {'first s':>8} {'min s':>7} "
+        f"{'x JIT':>6} {'x eager':>7} {'cpu s':>6} {'load s':>7} {'1st call s':>10} "
+        f"{'steady ms':>9}  notes"
+    )
+    lines = [head, "-" * len(head)]
+    for label, runs in results.items():
+        ok = [r for r in runs if "error" not in r]
+        if not ok:
+            lines.append(f"{label:<40} {'FAILED':>8}  {runs[0]['error'] if runs else ''}")
+            continue
+        first = med(label, "to_first_result_s")
+        assert first is not None
+        lo = min(r["to_first_result_s"] for r in ok)
+        steady = med(label, "steady_s")
+        load = med(label, "load_s")
+        notes = []
+        r0 = ok[0]
+        if "compilers_on_path" in r0:
+            notes.append(
+                f"compilers on PATH: {r0['compilers_on_path'] or 'none'}; "
+                f"inductor: {r0.get('inductor_compiler')}"
+            )
+        if r0.get("compiled_files"):
+            notes.append(f"{r0['compiled_files']} compiled files in cache")
+        if r0.get("source"):
+            notes.append(
+                f"served by {r0['source']}" + (f" ({r0['reason']})" if r0.get("reason") else "")
+            )
+        if r0.get("timings"):
+            notes.append(
+                "bg: "
+                + ", ".join(
+                    f"{k} {v:.2f}" for k, v in r0["timings"].items() if isinstance(v, (int, float))
+                )
+            )
+        lines.append(
+            f"{label:<40} {first:>8.2f} {lo:>7.2f} "
+            f"{first / jit if jit else float('nan'):>6.2f} "
+            f"{first / eager if eager else float('nan'):>7.2f} "
+            f"{med(label, 'cpu_s') or 0:>6.1f} "
+            f"{'-' if load is None else f'{load:.3f}':>7} "
+            f"{med(label, 'first_call_s') or 0:>10.3f} "
+            f"{'-' if steady is None else f'{steady * 1e3:.3f}':>9}  {'; '.join(notes)}"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ()
+    return (
+        f"torch {torch.__version__}, python {platform.python_version()}, {cpu}, "
+        f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, {gpu}, "
+        f"load average {', '.join(f'{x:.1f}' for x in load)}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--model", default="transformer", choices=sorted(MODELS))
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--steady-calls", type=int, default=20)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--farm-url", help="measure the fleet path against this farm")
+    ap.add_argument(
+        "--farm-models",
+        nargs="*",
+        default=["bench-default", "bench-autotune"],
+        help="model names (version 1) the farm serves for --model",
+    )
+    args = ap.parse_args(argv)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("--device cuda needs a GPU (issue 7 runs it on the H200)")
+    started = dt.datetime.now()
+    print(
+        f"coldstart: {args.model} {MODELS[args.model][2]} on {args.device}; {machine()}", flush=True
+    )
+    with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:
+        rows = plan(args, Path(tmp))
+        results: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in rows}
+        for rnd in range(args.repeats):
+            for label, payload, no_cc in rows:
+                if payload["kind"] == "jit+megacache" and not Path(payload["megacache"]).exists():
+                    results[label].append({"error": "no megacache bytes (the jit run saved none)"})
+                    continue
+                r = run_child(payload, no_compiler=no_cc)
+                results[label].append(r)
+                shown = r.get("error") or f"{r['to_first_result_s']:.2f} s"
+                print(f"  round {rnd + 1}: {label}: {shown}", flush=True)
+    text = "\n".join(
+        [
+            f"bench/coldstart.py --device {args.device} --model {args.model} "
+            f"--repeats {args.repeats}   ({started:%Y-%m-%d %H:%M})",
+            f"model: {MODELS[args.model][0]} {json.dumps(MODELS[args.model][1])} "
+            f"input {MODELS[args.model][2]}, inference",
+            f"machine: {machine()}",
+            "first s: median seconds from process start (interpreter, import torch, model build "
+            "included) to the first result; min s: fastest round; cpu s: CPU seconds of the "
+            "process and its children (g++) to the first result",
+            "",
+            table(results),
+            "",
+        ]
+    )
+    print("\n" + text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"coldstart-{args.device}-{started:%Y%m%d-%H%M%S}.txt"
+    path.write_text(text)
+    print(f"written to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Issue 7 in one run on a GPU host: an embedded farm with a CUDA compile
+worker builds the benchmark transformer and a ``transformers`` Llama
+(default and max-autotune, inference and training), verifies each artifact in
+a fresh process, and prints one table of the builds.
+
+    python bench/gpu_farm.py [--out DIR] [--only NAME ...] [--timeout 420]
+
+``scripts/gpu_check.sh`` runs this and then ``bench/coldstart.py --device cuda``
+against the same farm, on the device, in one call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+JOBS: dict[str, dict[str, Any]] = {
+    # A seconds-long job for a dry run of this script on a CPU host (--device cpu).
+    "smoke-mlp": {
+        "model": {"entrypoint": "farm.zoo.basic:mlp"},
+        "inputs": ["float32[8,64]"],
+    },
+    "bench-default": {
+        "model": {"entrypoint": "farm.zoo.basic:bench_transformer"},
+        "inputs": ["bfloat16[8,512,1024]"],
+    },
+    "bench-autotune": {
+        "model": {"entrypoint": "farm.zoo.basic:bench_transformer"},
+        "inputs": ["bfloat16[8,512,1024]"],
+        "options": {"mode": "max-autotune-no-cudagraphs"},
+    },
+    "bench-train": {
+        "model": {"entrypoint": "farm.zoo.basic:bench_transformer"},
+        "inputs": ["bfloat16[8,512,1024]"],
+        "grad_mode": "training",
+    },
+    "llama-default": {
+        "model": {"entrypoint": "farm.zoo.hf:llama"},
+        "inputs": ["int64[8,512]"],
+    },
+    "llama-train": {
+        "model": {"entrypoint": "farm.zoo.hf:llama"},
+        "inputs": ["int64[2,512]"],
+        "grad_mode": "training",
+    },
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_farm(
+    home: Path, port: int, device: str
+) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    env = {
+        **os.environ,
+        "FARM_HOME": str(home),
+        "FARM_EMBEDDED_DEVICES": device,
+        "FARM_AUTH": "false",
+        "FARM_URL": f"http://127.0.0.1:{port}",
+        "BUILD_TIMEOUT_S": os.environ.get("BUILD_TIMEOUT_S", "420"),
+        "BUILD_MEMORY_MB": os.environ.get("BUILD_MEMORY_MB", "64000"),
+        "HEARTBEAT_S": "2",
+        "PYTHONUNBUFFERED": "1",
+    }
+    for k in ("DATABASE_URL", "REDIS_URL", "BROKER_URL", "BLOB_STORE_URL"):
+        env.pop(k, None)
+    home.mkdir(parents=True, exist_ok=True)
+    log = open(home / "serve.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "farm.cli", "serve", "--embedded", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=ROOT,
+    )
+    return proc, env
+
+
+def wait_ready(
+    client: Any, proc: subprocess.Popen[bytes], home: Path, timeout: float, device: str
+) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("farm exited:\n" + (home / "serve.log").read_text()[-4000:])
+        try:
+            workers = client.targets()
+            for w in workers.get("workers", []):
+                if w.get("kind") == "compile" and str(w.get("target", "")).startswith(device):
+                    return str(w["target"])
+        except Exception:
+            pass
+        time.sleep(1)
+    raise SystemExit(
+        f"no {device} compile worker registered:\n" + (home / "serve.log").read_text()[-4000:]
+    )
+
+
+def row(name: str, job: dict[str, Any]) -> dict[str, Any]:
+    b = job["builds"][0] if job.get("builds") else {}
+    arts = b.get("artifacts") or []
+    verify = (arts[0].get("meta") or {}).get("verify", {}) if arts else {}
+    return {
+        "job": name,
+        "state": job["state"],
+        "compile_s": b.get("compile_s"),
+        "bytes": b.get("artifact_bytes"),
+        "verified": b.get("verified"),
+        "max_abs_err": b.get("max_abs_err"),
+        "tol": verify.get("tol") or verify.get("tolerance"),
+        "load_s": arts[0].get("load_s") if arts else None,
+        "first_call_s": b.get("first_call_s"),
+        "first_call_compiles": b.get("first_call_compiles"),
+        "error": (job.get("error") or b.get("error") or "")[:300],
+    }
+
+
+def fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 0.01 else f"{v:.2f}"
+    return str(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--out", type=Path, default=Path(os.environ.get("OUT", ROOT / "bench" / "results"))
+    )
+    p.add_argument("--home", type=Path, default=Path("/tmp/farm-gpu"))
+    p.add_argument("--only", nargs="*", default=None)
+    p.add_argument("--timeout", type=float, default=420)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--keep", action="store_true", help="leave the farm running (pid in home)")
+    a = p.parse_args(argv)
+
+    from farm.client import FarmClient
+
+    port = free_port()
+    proc, env = start_farm(a.home, port, a.device)
+    os.environ.update({"FARM_URL": env["FARM_URL"], "FARM_HOME": env["FARM_HOME"]})
+    client = FarmClient(env["FARM_URL"])
+    t0 = time.monotonic()
+    try:
+        target = wait_ready(client, proc, a.home, 180, a.device)
+        print(
+            f"cuda compile worker: {target}  (ready after {time.monotonic() - t0:.0f} s)",
+            flush=True,
+        )
+        default = [n for n in JOBS if not n.startswith("smoke")]
+        names = [n for n in JOBS if n in (a.only or default)]
+        ids = {}
+        for n in names:
+            spec = {"name": n, "version": "1", "targets": [a.device], **JOBS[n]}
+            ids[n] = client.submit(spec)["id"]
+        rows = []
+        deadline = time.monotonic() + a.timeout
+        for n in names:
+            left = max(5.0, deadline - time.monotonic())
+            try:
+                job = client.wait(ids[n], timeout=left)
+            except Exception as exc:  # report and go on: partial results still count
+                job = {"state": f"unfinished ({exc.__class__.__name__})", "builds": []}
+            rows.append(row(n, job))
+            print(json.dumps(rows[-1]), flush=True)
+        cols = [
+            "job",
+            "state",
+            "compile_s",
+            "bytes",
+            "verified",
+            "max_abs_err",
+            "tol",
+            "load_s",
+            "first_call_s",
+            "first_call_compiles",
+            "error",
+        ]
+        lines = [f"bench/gpu_farm.py on {target}", "  ".join(cols)]
+        lines += ["  ".join(fmt(r[c]) for c in cols) for r in rows]
+        text = "\n".join(lines)
+        print(text, flush=True)
+        a.out.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        (a.out / f"gpu_farm-{stamp}.txt").write_text(text + "\n")
+        (a.out / f"gpu_farm-{stamp}.json").write_text(json.dumps(rows, indent=1))
+        return 0
+    finally:
+        if a.keep:
+            (a.home / "serve.pid").write_text(str(proc.pid))
+            (a.home / "url").write_text(env["FARM_URL"])
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,407 @@
+"""Load a farm artifact on a fleet node and get a callable that takes the inputs.
+
+Two formats (``farm.compile`` writes both for CPU targets):
+
+``aot_compile``
+    ``torch.compile(...).aot_compile`` bytes, loaded with
+    ``torch.compiler.load_compiled_function``. For an ``nn.Module`` the farm
+    compiles ``call_module(module, *inputs)`` below, so the loaded function
+    takes the module as its first argument; ``load_artifact`` binds the node's
+    module, and the node's own weights are what runs. Guards (grad mode,
+    shapes, dtypes, parameter ``requires_grad``, module attributes) are checked
+    on every call; a failure raises ``RuntimeError("GuardManager check failed ...")``.
+    On CPU the artifact holds C++ source that loading recompiles with the
+    node's C++ compiler; on CUDA it holds compiled kernels.
+
+``aoti``
+    An AOTInductor package (``.pt2``) with the compiled kernels in a shared
+    library and no weights: the node's module supplies them through
+    ``load_constants(..., user_managed=True)``, so nothing is copied and the
+    module's later in-place updates (``load_state_dict``) are seen. Loads with
+    no C++ compiler. It is inference only, and it has no dynamo guards, so the
+    wrapper here checks what they would have: grad mode off, the inputs'
+    count, dtype, device and shape ranges, and the CPU ISA of the node.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import operator
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FORMAT_AOT_COMPILE = "aot_compile"
+FORMAT_AOTI = "aoti"
+FORMATS = (FORMAT_AOT_COMPILE, FORMAT_AOTI)
+
+# The message prefix torch uses when an aot_compile artifact's guards reject a
+# call; the AOTI wrapper raises the same so callers handle both alike.
+GUARD_FAILURE = "GuardManager check failed"
+# Key of the farm's JSON metadata inside an AOTI package (aot_inductor.metadata).
+AOTI_META_KEY = "torch_farm"
+
+
+class ArtifactLoadError(RuntimeError):
+    """The artifact cannot run here (format, ISA, missing or mismatched weights)."""
+
+
+def call_module(module: Any, *inputs: Any) -> Any:
+    """The function the farm compiles for an ``nn.Module``.
+
+    Tracing ``module(*inputs)`` through a plain top-level function (instead of
+    ``module.forward``) gives one calling convention on every torch version
+    (torch 2.11's ``torch.compile(module).forward`` has no ``.aot_compile``,
+    2.13's traces ``_wrapped_call_impl``), keeps forward hooks in the graph as
+    eager runs them, and leaves no closure in the artifact: a decorated
+    ``forward``'s closure cannot be pickled.
+    """
+    return module(*inputs)
+
+
+def load_artifact(
+    path: str | Path, format: str, *, module: Any = None, device_index: int = -1
+) -> Callable[..., Any]:
+    """Load ``path`` and return a callable that takes only the model inputs.
+
+    ``module`` is the node's model (an ``nn.Module`` with its real weights) or,
+    for an artifact of a free function, that function (or None).
+    """
+    if format == FORMAT_AOT_COMPILE:
+        return _load_aot_compile(Path(path), module)
+    if format == FORMAT_AOTI:
+        return _load_aoti(Path(path), module, device_index=device_index)
+    raise ArtifactLoadError(f"unknown artifact format {format!r}; known: {', '.join(FORMATS)}")
+
+
+# --- aot_compile ---------------------------------------------------------------------
+
+
+class BoundArtifact:
+    """An ``aot_compile`` function with the node's module bound as first argument."""
+
+    def __init__(self, fn: Callable[..., Any], module: Any) -> None:
+        self.fn = fn
+        self.module = module
+
+    def __call__(self, *inputs: Any) -> Any:
+        return self.fn(self.module, *inputs)
+
+
+# A farm aot_compile blob is either torch's own bytes or, when the compile
+# worker tuned kernels on the target GPU, a zip bundle of those bytes and the
+# autotuning results (see ``farm.compile.bundle_autotune``).
+BUNDLE_MAGIC = b"PK\x03\x04"
+BUNDLE_ARTIFACT = "aot_compile.bin"
+BUNDLE_AUTOTUNE_DIR = "autotune/"
+
+
+def is_bundle(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(4) == BUNDLE_MAGIC
+
+
+def install_autotune_configs(files: dict[str, bytes]) -> int:
+    """Put shipped ``.best_config`` files into this process's Inductor cache.
+
+    Triton kernels with several candidate configs benchmark them all at their
+    first launch unless the local autotune cache holds the winner; with these
+    files in place the first call runs the tuned kernels straight away. The
+    names are ``<2 chars>/<hash>.best_config`` relative to the cache dir, a
+    hash of the kernel source and torch's build, so they are the same on every
+    node of the target. Existing files are left alone.
+    """
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = Path(cache_dir()).resolve()
+    n = 0
+    for rel, data in files.items():
+        dest = (root / rel).resolve()
+        if root not in dest.parents or not rel.endswith(".best_config"):
+            raise ArtifactLoadError(f"bad autotune entry {rel!r} in artifact bundle")
+        if dest.exists():
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+        n += 1
+    return n
+
+
+def _read_bundle(path: Path) -> tuple[bytes, dict[str, bytes]]:
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        payload = zf.read(BUNDLE_ARTIFACT)
+        configs = {
+            name[len(BUNDLE_AUTOTUNE_DIR) :]: zf.read(name)
+            for name in zf.namelist()
+            if name.startswith(BUNDLE_AUTOTUNE_DIR) and not name.endswith("/")
+        }
+    return payload, configs
+
+
+def _load_aot_compile(path: Path, module: Any) -> Callable[..., Any]:
+    import io
+
+    import torch
+
+    _apply_load_shims()
+    f_globals = None
+    if callable(module) and not isinstance(module, torch.nn.Module):
+        # A free function's artifact guards on its module's globals.
+        f_globals = getattr(module, "__globals__", None)
+    if is_bundle(path):
+        payload, configs = _read_bundle(path)
+        install_autotune_configs(configs)
+        fh: Any = io.BytesIO(payload)
+    else:
+        fh = open(path, "rb")  # noqa: SIM115
+    with fh:
+        if f_globals is not None:
+            fn = torch.compiler.load_compiled_function(fh, f_globals=f_globals)
+        else:
+            fn = torch.compiler.load_compiled_function(fh)
+    if isinstance(module, torch.nn.Module):
+        return BoundArtifact(fn, module)
+    return fn
+
+
+def _apply_load_shims() -> None:
+    """torch before 2.12 hides the aot_compile machinery behind a config flag."""
+    import torch._dynamo.config as dynamo_config
+
+    if hasattr(dynamo_config, "enable_aot_compile"):
+        dynamo_config.enable_aot_compile = True
+
+
+# --- AOTInductor -----------------------------------------------------------------------
+
+
+class AOTIRunner:
+    """``torch._C._aoti.AOTIModelPackageLoader`` with torch's call convention.
+
+    The same as torch's ``AOTICompiledModel`` for positional tensor inputs,
+    without importing ``torch.export.pt2_archive`` (which imports dynamo and
+    export: 1.5 s of a cold node's start, for a 15-line wrapper).
+    """
+
+    def __init__(self, path: str | Path, *, device_index: int = -1) -> None:
+        import torch
+        import torch.utils._pytree as pytree
+
+        self.loader = torch._C._aoti.AOTIModelPackageLoader(
+            str(path), "model", False, 1, device_index
+        )
+        self._out_spec = pytree.treespec_loads(self.loader.get_call_spec()[1])
+        self._unflatten = pytree.tree_unflatten
+
+    def __call__(self, *args: Any) -> Any:
+        return self._unflatten(self.loader.boxed_run(list(args)), self._out_spec)
+
+    def get_metadata(self) -> dict[str, str]:
+        return dict(self.loader.get_metadata())
+
+    def get_constant_fqns(self) -> list[str]:
+        return list(self.loader.get_constant_fqns())
+
+    def load_constants(
+        self, constants: dict[str, Any], *, check_full_update: bool, user_managed: bool
+    ) -> None:
+        # (map, use_inactive, check_full_update, user_managed)
+        self.loader.load_constants(constants, False, check_full_update, user_managed)
+
+
+def read_aoti_metadata(path: str | Path) -> dict[str, str]:
+    """The package's metadata (torch's ``AOTI_*`` keys and the farm's JSON),
+    without loading the shared library where this torch can."""
+    import torch
+
+    loader_cls = torch._C._aoti.AOTIModelPackageLoader
+    read = getattr(loader_cls, "load_metadata_from_package", None)
+    if read is not None:
+        return dict(read(str(path), "model"))
+    return AOTIRunner(path).get_metadata()
+
+
+def farm_metadata(meta: dict[str, str]) -> dict[str, Any]:
+    raw = meta.get(AOTI_META_KEY)
+    return dict(json.loads(raw)) if raw else {}
+
+
+def node_cpu_isa() -> str:
+    """ATen's CPU capability ("AVX2", "AVX512", ...): needs no C++ compiler,
+    unlike inductor's ``pick_vec_isa`` (which test-compiles each ISA)."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability()).upper()
+
+
+def _resolve(module: Any, fqn: str) -> Any:
+    return operator.attrgetter(fqn)(module)
+
+
+class AOTIFunction:
+    """An AOTInductor runner bound to the node's module weights.
+
+    The runner keeps raw pointers to the module's tensors (``user_managed``);
+    if the module's tensors are replaced (``module.to(...)``, assigning a new
+    Parameter) the pointers are reloaded before the next call.
+    """
+
+    def __init__(self, runner: Any, module: Any, fqns: Sequence[str], meta: dict[str, Any]) -> None:
+        self.runner = runner
+        self.module = module
+        self.fqns = list(fqns)
+        self.meta = meta
+        self._inputs: list[dict[str, Any]] = list(meta.get("input_checks") or [])
+        self._ptrs: list[int] = []
+        self._constants: dict[str, Any] = {}
+        self._load_constants()
+
+    def _current(self) -> dict[str, Any]:
+        return {name: _resolve(self.module, name) for name in self.fqns}
+
+    def _load_constants(self) -> None:
+        if not self.fqns:
+            return
+        constants = self._current()
+        self.runner.load_constants(constants, check_full_update=True, user_managed=True)
+        # Holding the tensors keeps the runner's raw pointers valid.
+        self._constants = constants
+        self._ptrs = [t.data_ptr() for t in constants.values()]
+
+    def _moved(self) -> bool:
+        if not self.fqns:
+            return False
+        return [t.data_ptr() for t in self._current().values()] != self._ptrs
+
+    def check(self, inputs: Sequence[Any]) -> str | None:
+        """Why this call is outside what the package was built for, or None."""
+        import torch
+
+        if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+            return "GLOBAL_STATE changed: grad_mode (an AOTI package is inference-only)"
+        if not self._inputs:
+            return None
+        if len(inputs) != len(self._inputs):
+            return f"expected {len(self._inputs)} inputs, got {len(inputs)}"
+        for i, (x, want) in enumerate(zip(inputs, self._inputs, strict=True)):
+            if not isinstance(x, torch.Tensor):
+                return f"input {i}: expected a tensor, got {type(x).__name__}"
+            if str(x.dtype).removeprefix("torch.") != want["dtype"]:
+                return f"input {i}: dtype {x.dtype} is not {want['dtype']}"
+            if x.device.type != want["device"]:
+                return f"input {i}: device {x.device} is not {want['device']}"
+            if x.dim() != len(want["dims"]):
+                return f"input {i}: {x.dim()} dims, expected {len(want['dims'])}"
+            for d, (size, (lo, hi)) in enumerate(zip(x.shape, want["dims"], strict=True)):
+                if size < lo or (hi is not None and size > hi):
+                    rng = str(lo) if lo == hi else f"{lo}..{'' if hi is None else hi}"
+                    return f"input {i} dim {d}: size {size} outside {rng}"
+            if not x.is_contiguous():
+                return f"input {i}: not contiguous"
+        return None
+
+    def __call__(self, *inputs: Any) -> Any:
+        reason = self.check(inputs)
+        if reason is not None:
+            raise RuntimeError(f"{GUARD_FAILURE}, reason: {reason}")
+        if self._moved():
+            self._load_constants()
+        return self.runner(*inputs)
+
+
+def _load_aoti(path: Path, module: Any, *, device_index: int) -> Callable[..., Any]:
+    import torch
+
+    meta_all = read_aoti_metadata(path)
+    meta = farm_metadata(meta_all)
+    if meta_all.get("AOTI_DEVICE_KEY", "cpu") == "cpu":
+        # torch only warns about an ISA mismatch, and only when a C++ compiler
+        # is present to detect it; the wrong ISA gives wrong numbers or SIGILL.
+        built = meta_all.get("AOTI_CPU_ISA", "").split()
+        here = node_cpu_isa()
+        if built and built[0] != here.split()[0]:
+            raise ArtifactLoadError(
+                f"AOTI package was built for CPU ISA {built[0]}, this node runs {here}"
+            )
+    # torch's load_package first tries a loader that probes the ISA by
+    # compiling test programs, and without a compiler logs a warning and falls
+    # back to the plain loader: go straight to it.
+    runner = AOTIRunner(path, device_index=device_index)
+    fqns = runner.get_constant_fqns()
+    if fqns and module is None:
+        raise ArtifactLoadError(
+            "this AOTI package has no weights: pass the node's module to load_artifact"
+        )
+    missing = []
+    mismatched = []
+    expected: dict[str, str] = dict(meta.get("constants") or {})
+    for name in fqns:
+        try:
+            t = _resolve(module, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        if not isinstance(t, torch.Tensor):
+            mismatched.append(f"{name} is a {type(t).__name__}")
+            continue
+        want = expected.get(name)
+        have = _describe(t)
+        if want is not None and want != have:
+            mismatched.append(f"{name}: package wants {want}, module has {have}")
+    if missing or mismatched:
+        parts = []
+        if missing:
+            parts.append(f"module lacks {', '.join(missing[:10])}")
+        if mismatched:
+            parts.append("; ".join(mismatched[:10]))
+        raise ArtifactLoadError("module does not fit the AOTI package: " + "; ".join(parts))
+    return AOTIFunction(runner, module, fqns, meta)
+
+
+def _describe(t: Any) -> str:
+    """``dtype[shape]@device``: what the package expects of one constant."""
+    return f"{str(t.dtype).removeprefix('torch.')}[{','.join(map(str, t.shape))}]@{t.device.type}"
+
+
+# --- where a fresh process spends its time -------------------------------------------
+
+# What loading an artifact imports, in the order it happens.
+IMPORT_STEPS = (
+    "torch",
+    "torch._dynamo",
+    "torch._inductor",
+    "torch._inductor.compile_fx",
+    "torch._dynamo.aot_compile",
+    "torch.export.pt2_archive._package",
+)
+
+
+def time_import_breakdown(modules: Sequence[str] = IMPORT_STEPS) -> dict[str, float]:
+    """Seconds each import took in this process, in order (0.0: already imported).
+
+    Only meaningful as the first thing a fresh process does.
+    """
+    out: dict[str, float] = {}
+    for name in modules:
+        if name in sys.modules:
+            out[name] = 0.0
+            continue
+        t0 = time.perf_counter()
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            out[name] = float("nan")
+            continue
+        out[name] = time.perf_counter() - t0
+    return out

@@ -1,0 +1,523 @@
+"""Check an artifact the way a fleet node will use it, in a fresh process.
+
+``verify_artifact(spec, path, format, device=...)`` starts a sandboxed child
+with an empty Inductor (and Triton) cache, and for a CPU AOTI package no C++
+compiler on PATH either: a cold node. The child
+
+1. builds the real model: meta, ``to_empty``, seeded random init
+   (``farm.modelref``), in the grad mode the artifact is for;
+2. runs eager on the example inputs (and, for each dynamic dim, one more
+   size in its range) and, for training, a backward with seeded cotangents;
+3. loads the artifact with that module's weights and runs the same calls;
+4. compares outputs (and every parameter's gradient) within the output
+   dtype's tolerance: ``|compiled - eager| <= atol + rtol * max|eager|``;
+5. watches for compilation during the load and the first call (C++ builds,
+   Triton kernel compiles, autotuning benchmarks, Inductor cache misses, new
+   compiled files in the cache dir): an artifact whose first call still
+   compiles is not finished (DESIGN.md: a max-autotune artifact spent 8.1 s
+   compiling on its first call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from farm.sandbox import compilers_on_path, run_isolated, without_compilers
+from farm.specs import Dim, GradMode, JobSpec, TensorSpec
+
+SEED = 1234  # weights and inputs of a verification run; any fixed value will do
+STEADY_CALLS = 10
+STEADY_MAX_S = 5.0
+
+# Files whose appearance in the Inductor/Triton cache means something was
+# compiled or unpacked there (informational: loading a CUDA artifact unpacks
+# its bundled cubins into the cache without compiling anything).
+_COMPILED_SUFFIXES = (".so", ".o", ".cubin", ".ptx", ".hsaco", ".llir", ".ttgir", ".cpp")
+# Events that mean code was generated or compiled...
+COMPILE_EVENTS = ("cpp_builds", "triton_compiles", "fxgraph_cache_miss",
+                  "generated_module_cache_miss")
+# ...and events that mean kernels were benchmarked to pick a config: on the H200
+# (torch 2.11) even a default-mode artifact's first call ran the autotuner of
+# every multi-config Triton kernel; the winners are not in the artifact.
+AUTOTUNE_EVENTS = ("autotune_benchmarks", "select_algorithm_autotune", "coordesc_tuning_bench")
+
+
+def compiled_in(events: Mapping[str, int]) -> bool:
+    return any(events.get(k) for k in COMPILE_EVENTS)
+
+
+def autotuned_in(events: Mapping[str, int]) -> bool:
+    return any(events.get(k) for k in AUTOTUNE_EVENTS) or any(
+        k.startswith("benchmarking.") for k in events
+    )
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``|a - b| <= atol + rtol * max|b|`` elementwise: scaled by the largest
+    reference value, so outputs that are all large or all small are judged alike."""
+
+    atol: float
+    rtol: float
+
+    def bound(self, ref_max: float) -> float:
+        return self.atol + self.rtol * ref_max
+
+
+# Per output dtype. Inductor fuses and reorders reductions, and for half types
+# keeps intermediates in float32 where eager rounds after every op, so low
+# precision outputs differ by a few ulps of their largest values.
+TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(1e-9, 1e-7),
+    "float32": Tolerance(1e-5, 1e-4),
+    "float16": Tolerance(1e-3, 1e-2),
+    "bfloat16": Tolerance(1e-2, 3e-2),
+}
+EXACT = Tolerance(0.0, 0.0)  # integer and bool outputs
+# Gradients sum over the batch and run through twice the ops.
+GRAD_FACTOR = 4.0
+
+
+def tolerance_for(dtype: str, override: Tolerance | float | None = None) -> Tolerance:
+    if isinstance(override, Tolerance):
+        return override
+    if isinstance(override, (int, float)):
+        return Tolerance(float(override), float(override))
+    return TOLERANCES.get(dtype, EXACT)
+
+
+@dataclass
+class VerifyReport:
+    ok: bool
+    max_abs_err: float | None = None
+    tol: float | None = None
+    load_s: float | None = None
+    first_call_s: float | None = None
+    # True when the first call (with its backward, for training) compiled or
+    # autotuned anything: work an ahead-of-time artifact should not leave to
+    # the node. ``first_call_events`` says which.
+    first_call_compiled: bool = False
+    steady_call_s: float | None = None
+    error: str | None = None
+    # Beyond the brief's fields: where the time and the compiling went.
+    format: str | None = None
+    device: str | None = None
+    load_compiled: bool = False  # a CPU aot_compile artifact compiles its C++ here
+    first_call_autotuned: bool = False
+    load_events: dict[str, int] = field(default_factory=dict)
+    first_call_events: dict[str, int] = field(default_factory=dict)
+    grad_max_abs_err: float | None = None
+    grad_tol: float | None = None
+    sizes_checked: list[list[list[int]]] = field(default_factory=list)
+    eager_steady_call_s: float | None = None
+    process_to_first_result_s: float | None = None
+    import_s: float | None = None
+    cold_node: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def compiles_on_node(self) -> bool:
+        return self.load_compiled or self.first_call_compiled
+
+    def summary(self) -> str:
+        if not self.ok:
+            return f"FAILED: {self.error}"
+        parts = [
+            f"ok, max err {_fmt(self.max_abs_err)} <= {_fmt(self.tol)}",
+        ]
+        if self.grad_max_abs_err is not None:
+            parts.append(f"grad err {_fmt(self.grad_max_abs_err)} <= {_fmt(self.grad_tol)}")
+        parts.append(f"load {_fmt(self.load_s)} s")
+        if self.load_compiled:
+            parts.append("(load compiled)")
+        parts.append(f"first call {_fmt(self.first_call_s)} s")
+        if self.first_call_compiled:
+            what = ", ".join(f"{k}={v}" for k, v in sorted(self.first_call_events.items()))
+            parts.append(f"(FIRST CALL COMPILED: {what})")
+        if self.steady_call_s is not None:
+            parts.append(f"steady {self.steady_call_s * 1e3:.3f} ms")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "compiles_on_node": self.compiles_on_node}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> VerifyReport:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3g}"
+
+
+def verify_artifact(
+    spec: JobSpec,
+    artifact_path: str | Path,
+    format: str,
+    *,
+    device: str,
+    tolerance: Tolerance | float | None = None,
+    timeout_s: float = 900,
+    memory_mb: float = 16384,
+    cold_node: bool | None = None,
+) -> VerifyReport:
+    """Verify in a fresh sandboxed process; never raises for the artifact's faults.
+
+    ``cold_node`` (default: for CPU AOTI packages) hides every C++ compiler
+    from the child, proving the artifact loads where there is none.
+    """
+    if cold_node is None:
+        cold_node = format == "aoti" and device == "cpu"
+    cache = tempfile.mkdtemp(prefix="farm-verify-cache-")
+    try:
+        env = without_compilers() if cold_node else dict(os.environ)
+        extra = {"TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": str(Path(cache) / "triton")}
+        payload = {
+            "spec": spec.to_json(),
+            "path": str(artifact_path),
+            "format": format,
+            "device": device,
+            "tolerance": asdict(tolerance) if isinstance(tolerance, Tolerance) else tolerance,
+            "cold_node": cold_node,
+            "cache_dir": cache,
+        }
+        res = run_isolated(
+            "farm.verify:verify_step", payload, timeout_s=timeout_s, memory_mb=memory_mb,
+            env=env, env_extra=extra,
+        )
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    if res.ok and isinstance(res.value, dict):
+        return VerifyReport.from_json(res.value)
+    detail = res.describe()
+    if res.traceback:
+        detail += "\n" + res.traceback
+    elif res.stderr_tail:
+        detail += "\n" + res.stderr_tail[-2000:]
+    return VerifyReport(ok=False, error=f"verifier {detail}", format=format, device=device)
+
+
+# --- the child -------------------------------------------------------------------------
+
+
+class CompileWatch:
+    """Counts compilation while a block runs: C++ builds, Triton kernel
+    compiles and autotune benchmarks (by wrapping inductor's entry points),
+    Inductor cache misses (``torch._dynamo.utils.counters``) and compiled files
+    appearing in the cache dir. Each hook is optional: a torch that lacks one
+    just does not report it."""
+
+    def __init__(self, cache_dir: str | None = None) -> None:
+        self.cache_dir = cache_dir
+        self.counts: dict[str, int] = {
+            "cpp_builds": 0, "triton_compiles": 0, "autotune_benchmarks": 0,
+        }
+        self._restore: list[Callable[[], None]] = []
+
+    def install(self) -> None:
+        self._wrap("torch._inductor.cpp_builder", "CppBuilder", "build", "cpp_builds")
+        self._wrap("torch._inductor.runtime.triton_heuristics", "CachingAutotuner",
+                   "_precompile_config", "triton_compiles")
+        self._wrap("torch._inductor.runtime.triton_heuristics", "CachingAutotuner",
+                   "benchmark_all_configs", "autotune_benchmarks")
+
+    def uninstall(self) -> None:
+        for undo in reversed(self._restore):
+            undo()
+        self._restore.clear()
+
+    def _wrap(self, module: str, cls_name: str, method: str, key: str) -> None:
+        import importlib
+
+        try:
+            cls = getattr(importlib.import_module(module), cls_name)
+            orig = getattr(cls, method)
+        except Exception:  # not in this torch, or no triton
+            return
+        counts = self.counts
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[key] += 1
+            return orig(*args, **kwargs)
+
+        setattr(cls, method, wrapper)
+        self._restore.append(lambda: setattr(cls, method, orig))
+
+    def _files(self) -> set[str]:
+        out: set[str] = set()
+        if not self.cache_dir:
+            return out
+        for root, _, files in os.walk(self.cache_dir):
+            out.update(os.path.join(root, f) for f in files if f.endswith(_COMPILED_SUFFIXES))
+        return out
+
+    @staticmethod
+    def _counters() -> dict[str, int]:
+        try:
+            from torch._dynamo.utils import counters
+        except Exception:
+            return {}
+        out = {}
+        for k, v in counters.get("inductor", {}).items():
+            if "miss" in k or "autotune" in k or k.startswith("benchmarking"):
+                out[k] = int(v)
+        return out
+
+    @contextlib.contextmanager
+    def phase(self) -> Iterator[dict[str, int]]:
+        """Yields a dict filled, when the block ends, with what compiled in it."""
+        before = dict(self.counts)
+        c0 = self._counters()
+        f0 = self._files()
+        events: dict[str, int] = {}
+        try:
+            yield events
+        finally:
+            for k, v in self.counts.items():
+                if v - before[k]:
+                    events[k] = v - before[k]
+            for k, v in self._counters().items():
+                if v - c0.get(k, 0):
+                    events[k] = v - c0.get(k, 0)
+            new_files = len(self._files() - f0)
+            if new_files:
+                events["new_compiled_files"] = new_files
+
+
+def concrete(specs: Sequence[TensorSpec], sizes: Sequence[Sequence[int]]) -> list[TensorSpec]:
+    return [
+        TensorSpec(s.dtype, tuple(Dim(n, n) for n in shape))
+        for s, shape in zip(specs, sizes, strict=True)
+    ]
+
+
+def check_sizes(specs: Sequence[TensorSpec]) -> list[list[list[int]]]:
+    """The example shapes, plus one more shape per dynamic dim's range (a size
+    other than the example proves the artifact did not specialise)."""
+    first = [list(s.shape) for s in specs]
+    out = [first]
+    other = [list(s.shape) for s in specs]
+    changed = False
+    for s, shape in zip(specs, other, strict=True):
+        for i, d in enumerate(s.dims):
+            if d.dynamic:
+                hi = d.hi if d.hi is not None else d.lo + 3
+                shape[i] = min(hi, d.lo + 3)
+                changed = True
+    if changed:
+        out.append(other)
+    return out
+
+
+def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
+    """Sandbox entry point (see the module docstring); returns a VerifyReport dict."""
+    import psutil
+
+    started = psutil.Process().create_time()
+    t_import = time.perf_counter()
+    import torch
+    import torch.utils._pytree as pytree
+
+    from farm.loader import load_artifact
+    from farm.modelref import apply_grad_mode, build_module, example_inputs, grad_context
+
+    import_s = time.perf_counter() - t_import
+    spec = JobSpec.from_json(payload["spec"])
+    fmt = payload["format"]
+    device = payload["device"]
+    tol_override = payload.get("tolerance")
+    if isinstance(tol_override, dict):
+        tol_override = Tolerance(**tol_override)
+    report = VerifyReport(ok=False, format=fmt, device=device, import_s=round(import_s, 3))
+    if payload.get("cold_node"):
+        report.cold_node = {
+            "compilers_on_path": compilers_on_path(dict(os.environ)),
+            "cache_dir_empty": not any(Path(payload["cache_dir"]).iterdir()),
+        }
+    training = spec.grad_mode is GradMode.TRAINING
+    try:
+        model = build_module(spec.model, device=device, seed=SEED)
+        is_module = isinstance(model, torch.nn.Module)
+        if is_module:
+            apply_grad_mode(model, spec.grad_mode)
+        # Eager runs on its own copy: the artifact's calls must not share grads.
+        import copy
+
+        eager_model = copy.deepcopy(model) if is_module else model
+        sizes = check_sizes(spec.inputs)
+        report.sizes_checked = sizes
+        calls = [
+            example_inputs(concrete(spec.inputs, s), device=device, seed=SEED + i,
+                           mark_dynamic=False)
+            for i, s in enumerate(sizes)
+        ]
+
+        def run(fn: Callable[..., Any], params: Any, inputs: list[Any], seed: int) -> Any:
+            with grad_context(spec.grad_mode):
+                out = fn(*inputs)
+                if training:
+                    flat = [t for t in pytree.tree_leaves(out)
+                            if isinstance(t, torch.Tensor) and t.requires_grad]
+                    g = torch.Generator(device=device).manual_seed(seed)
+                    cots = [torch.randn(t.shape, dtype=t.dtype, device=t.device, generator=g)
+                            for t in flat]
+                    if flat:
+                        torch.autograd.backward(flat, cots)
+            _sync(device)
+            grads = {}
+            if training and params is not None:
+                for name, p in params.named_parameters():
+                    grads[name] = None if p.grad is None else p.grad.detach().clone()
+                    p.grad = None
+            return out, grads
+
+        eager_fn = eager_model
+        ref = [run(eager_fn, eager_model if is_module else None, c, SEED + 100 + i)
+               for i, c in enumerate(calls)]
+
+        watch = CompileWatch(payload.get("cache_dir"))
+        watch.install()
+        try:
+            t0 = time.perf_counter()
+            with watch.phase() as load_events:
+                fn = load_artifact(payload["path"], fmt, module=model)
+            report.load_s = round(time.perf_counter() - t0, 4)
+            t0 = time.perf_counter()
+            with watch.phase() as first_events:
+                got0 = run(fn, model if is_module else None, calls[0], SEED + 100)
+            report.first_call_s = round(time.perf_counter() - t0, 4)
+            report.process_to_first_result_s = round(time.time() - started, 3)
+            got = [got0]
+            for i, c in enumerate(calls[1:], start=1):
+                with watch.phase() as later:
+                    got.append(run(fn, model if is_module else None, c, SEED + 100 + i))
+                # A later size that compiles means the artifact specialised on
+                # the example: count it against the first call.
+                for k, v in later.items():
+                    first_events[k] = first_events.get(k, 0) + v
+        finally:
+            watch.uninstall()
+        report.load_events = load_events
+        report.first_call_events = first_events
+        report.load_compiled = compiled_in(load_events)
+        report.first_call_autotuned = autotuned_in(first_events)
+        report.first_call_compiled = compiled_in(first_events) or report.first_call_autotuned
+
+        worst = _Worst()
+        grad_worst = _Worst()
+        for (out_ref, g_ref), (out_got, g_got) in zip(ref, got, strict=True):
+            _compare_tree(out_got, out_ref, worst, tol_override)
+            for name, gr in g_ref.items():
+                gg = g_got.get(name)
+                if gr is None and gg is None:
+                    continue
+                if gr is None or gg is None:
+                    raise AssertionError(f"gradient of {name}: eager {gr is not None}, "
+                                         f"artifact {gg is not None}")
+                grad_worst.add(gg, gr, tol_override, factor=GRAD_FACTOR, what=f"grad {name}")
+        report.max_abs_err, report.tol = worst.err, worst.tol
+        if training:
+            report.grad_max_abs_err, report.grad_tol = grad_worst.err, grad_worst.tol
+        failures = worst.failures + grad_worst.failures
+        report.steady_call_s = _steady(lambda: run(fn, model if is_module else None,
+                                                    calls[0], SEED + 100), device)
+        report.eager_steady_call_s = _steady(lambda: run(eager_fn, eager_model if is_module
+                                                         else None, calls[0], SEED + 100), device)
+        if failures:
+            report.error = "; ".join(failures[:5])
+        else:
+            report.ok = True
+    except Exception as exc:
+        import traceback
+
+        report.ok = False
+        report.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    return report.to_json()
+
+
+class _Worst:
+    """Tracks the comparison closest to (or furthest past) its tolerance."""
+
+    def __init__(self) -> None:
+        self.err: float | None = None
+        self.tol: float | None = None
+        self.ratio = -1.0
+        self.failures: list[str] = []
+
+    def add(self, got: Any, ref: Any, override: Any, *, factor: float = 1.0,
+            what: str = "output") -> None:
+        import torch
+
+        if got.shape != ref.shape or got.dtype != ref.dtype:
+            self.failures.append(f"{what}: artifact gave {got.dtype}{list(got.shape)}, "
+                                 f"eager {ref.dtype}{list(ref.shape)}")
+            return
+        dtype = str(ref.dtype).removeprefix("torch.")
+        tol = tolerance_for(dtype, override)
+        if ref.numel() == 0:
+            return
+        r = ref.detach().double()
+        g = got.detach().double()
+        finite = torch.isfinite(r)
+        if not torch.equal(finite, torch.isfinite(g)):
+            self.failures.append(f"{what}: non-finite values differ from eager's")
+            return
+        err = float((g - r)[finite].abs().max()) if bool(finite.any()) else 0.0
+        bound = tol.bound(float(r[finite].abs().max()) if bool(finite.any()) else 0.0) * factor
+        ratio = err / bound if bound > 0 else (0.0 if err == 0 else math.inf)
+        if ratio > self.ratio:
+            self.err, self.tol, self.ratio = err, bound, ratio
+        if err > bound:
+            self.failures.append(f"{what}: max abs error {err:.3g} > tolerance {bound:.3g}")
+
+
+def _compare_tree(got: Any, ref: Any, worst: _Worst, override: Any) -> None:
+    import torch
+    import torch.utils._pytree as pytree
+
+    g_leaves, g_spec = pytree.tree_flatten(got)
+    r_leaves, r_spec = pytree.tree_flatten(ref)
+    if g_spec != r_spec:
+        worst.failures.append(f"output structure {g_spec} is not eager's {r_spec}")
+        return
+    for i, (g, r) in enumerate(zip(g_leaves, r_leaves, strict=True)):
+        if isinstance(r, torch.Tensor):
+            if not isinstance(g, torch.Tensor):
+                worst.failures.append(f"output {i}: {type(g).__name__} where eager gave a tensor")
+                continue
+            worst.add(g, r, override, what=f"output {i}")
+        elif g != r:
+            worst.failures.append(f"output {i}: {g!r} != eager's {r!r}")
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _steady(call: Callable[[], Any], device: str) -> float:
+    """Median seconds per call, after one warm-up call."""
+    call()
+    times = []
+    deadline = time.perf_counter() + STEADY_MAX_S
+    for _ in range(STEADY_CALLS):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() > deadline:
+            break
+    return round(statistics.median(times), 6)

@@ -1,0 +1,50 @@
+"""A real architecture from the ``transformers`` package: Llama from a small
+config, random weights, nothing downloaded.
+
+The wrapper returns logits only (``use_cache=False``): a KV cache object in
+the output would be state the artifact's caller has to thread through, which
+is a different program than the one users serve for a forward pass.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LlamaLogits(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def llama(
+    *,
+    vocab: int = 32000,
+    hidden: int = 1024,
+    layers: int = 4,
+    heads: int = 16,
+    kv_heads: int = 4,
+    intermediate: int = 2816,
+    max_positions: int = 2048,
+    dtype: str = "bfloat16",
+) -> nn.Module:
+    """``transformers.LlamaForCausalLM`` with a small config; input ``int64[B,T]``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=max_positions,
+        attn_implementation="sdpa",
+        torch_dtype=getattr(torch, dtype),
+    )
+    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    return LlamaLogits(model)

@@ -1,0 +1,193 @@
+"""Compile for this machine's CPU target and verify in fresh processes.
+
+Every compile runs in a sandboxed child (as a compile worker runs it), and
+every verification in another fresh child with an empty Inductor cache; the
+AOTI package's verifier also has no C++ compiler on PATH.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from farm.sandbox import run_isolated
+from farm.specs import JobSpec
+from farm.verify import VerifyReport, verify_artifact
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TIMEOUT_S = 900
+MEMORY_MB = 12000
+
+
+def job(entrypoint: str, inputs: list[str], *, grad_mode: str = "inference",
+        guard_filter: str = "drop-unserializable", name: str = "m") -> JobSpec:
+    return JobSpec.from_json({
+        "name": name,
+        "version": "1",
+        "model": {"entrypoint": entrypoint, "kwargs": {}},
+        "inputs": inputs,
+        "grad_mode": grad_mode,
+        "options": {"guard_filter": guard_filter},
+    })
+
+
+def compile_in_child(spec: JobSpec, out_dir: Path, formats: list[str] | None = None) -> Any:
+    payload: dict[str, Any] = {"spec": spec.to_json(), "device": "cpu", "out_dir": str(out_dir)}
+    if formats is not None:
+        payload["formats"] = formats
+    return run_isolated("farm.compile:compile_job", payload, timeout_s=TIMEOUT_S,
+                        memory_mb=MEMORY_MB)
+
+
+def artifacts(spec: JobSpec, out_dir: Path, formats: list[str] | None = None) -> dict[str, Any]:
+    res = compile_in_child(spec, out_dir, formats)
+    assert res.ok, f"{res.describe()}\n{res.traceback}\n{res.stderr_tail[-3000:]}"
+    return {a["format"]: a for a in res.value["artifacts"]}
+
+
+def verified(spec: JobSpec, art: dict[str, Any]) -> VerifyReport:
+    report = verify_artifact(spec, art["path"], art["format"], device="cpu",
+                             timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB)
+    assert report.ok, report.error
+    return report
+
+
+def sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def mlp_inference(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec, dict[str, Any]]:
+    spec = job("farm.zoo.basic:mlp", ["float32[4,64]"])
+    return spec, artifacts(spec, tmp_path_factory.mktemp("mlp"))
+
+
+def test_mlp_inference_builds_both_formats_and_matches_eager(
+    mlp_inference: tuple[JobSpec, dict[str, Any]],
+) -> None:
+    spec, arts = mlp_inference
+    assert set(arts) == {"aot_compile", "aoti"}
+    aot, aoti = arts["aot_compile"], arts["aoti"]
+    assert aot["meta"]["guards"]["tensors"], "tensor guards must be kept"
+    assert aot["meta"]["global_state"]["grad_enabled"] is False
+    assert aoti["meta"]["weights_in_package"] is False
+    # The package is far smaller than a build with weights would need to be
+    # only for big models; here: it exists and names its constants.
+    assert aoti["meta"]["constants"] == 4
+
+    r_aot = verified(spec, aot)
+    # A CPU aot_compile artifact is C++ source: its load compiles, its first call does not.
+    assert r_aot.load_compiled and r_aot.load_events.get("cpp_builds", 0) > 0
+    assert not r_aot.first_call_compiled
+
+    r_aoti = verified(spec, aoti)
+    assert r_aoti.cold_node == {"compilers_on_path": {}, "cache_dir_empty": True}
+    assert not r_aoti.load_compiled and not r_aoti.first_call_compiled
+    assert r_aoti.max_abs_err is not None and r_aoti.max_abs_err <= (r_aoti.tol or 0)
+
+
+def test_aoti_package_is_reproducible(
+    mlp_inference: tuple[JobSpec, dict[str, Any]], tmp_path: Path
+) -> None:
+    spec, arts = mlp_inference
+    again = artifacts(spec, tmp_path, ["aoti"])["aoti"]
+    assert sha256(again["path"]) == sha256(arts["aoti"]["path"])
+
+
+def test_training_artifact_runs_backward_with_eagers_gradients(tmp_path: Path) -> None:
+    spec = job("farm.zoo.basic:mlp", ["float32[4,64]"], grad_mode="training")
+    arts = artifacts(spec, tmp_path)
+    assert set(arts) == {"aot_compile"}, "AOTI has no backward: training builds aot_compile only"
+    assert arts["aot_compile"]["meta"]["global_state"]["grad_enabled"] is True
+    report = verified(spec, arts["aot_compile"])
+    assert report.grad_max_abs_err is not None and report.grad_tol is not None
+    assert report.grad_max_abs_err <= report.grad_tol
+    assert not report.first_call_compiled  # the backward was compiled ahead too
+
+    res = compile_in_child(spec, tmp_path / "aoti", ["aoti"])
+    assert not res.ok and res.error_type == "farm.compile.CompileError"
+
+
+def test_dynamic_batch_artifact_serves_two_sizes(tmp_path: Path) -> None:
+    spec = job("farm.zoo.basic:mlp", ["float32[2..16,64]"])
+    arts = artifacts(spec, tmp_path)
+    for fmt in ("aot_compile", "aoti"):
+        report = verified(spec, arts[fmt])
+        # Batch 2 (the example) and batch 5, with no recompile for the second.
+        assert report.sizes_checked == [[[2, 64]], [[5, 64]]], fmt
+        assert not report.first_call_compiled, (fmt, report.first_call_events)
+
+
+def test_decorated_forward_saves_with_the_guard_filter(tmp_path: Path) -> None:
+    spec = job("farm.zoo.basic:decorated_mlp", ["float32[4,64]"])
+    art = artifacts(spec, tmp_path, ["aot_compile"])["aot_compile"]
+    guards = art["meta"]["guards"]
+    assert guards["policy"] == "drop-unserializable"
+    assert "CLOSURE_MATCH" in {d["type"] for d in guards["dropped"]}
+    # Only unserializable guards went: tensors, shapes and global state stay.
+    dropped_types = {d["type"] for d in guards["dropped"]}
+    assert not {"TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV"} & dropped_types
+    assert guards["kept"].get("TENSOR_MATCH", 0) >= 5  # 4 parameters and the input
+    verified(spec, art)
+
+    strict = job("farm.zoo.basic:decorated_mlp", ["float32[4,64]"], guard_filter="keep-all")
+    res = compile_in_child(strict, tmp_path / "strict", ["aot_compile"])
+    assert not res.ok
+    assert "cannot be serialized" in (res.error or ""), res.error
+
+
+def test_tensor_literal_gets_no_aoti_package_but_an_aot_compile_one(tmp_path: Path) -> None:
+    spec = job("farm.zoo.basic:literal_mlp", ["float32[4,64]"])
+    arts = artifacts(spec, tmp_path)
+    assert set(arts) == {"aot_compile"}
+    assert "register_buffer" in arts["aot_compile"]["meta"]["aoti_skipped"]
+    res = compile_in_child(spec, tmp_path / "explicit", ["aoti"])
+    assert not res.ok and res.error_type == "farm.compile.AOTIUnsupported"
+
+
+def test_verifier_rejects_an_artifact_for_another_model(
+    mlp_inference: tuple[JobSpec, dict[str, Any]],
+) -> None:
+    _, arts = mlp_inference
+    other = JobSpec.from_json({**job("farm.zoo.basic:mlp", ["float32[4,64]"]).to_json(),
+                               "model": {"entrypoint": "farm.zoo.basic:mlp",
+                                         "kwargs": {"hidden": 96}}})
+    for fmt in ("aot_compile", "aoti"):
+        report = verify_artifact(other, arts[fmt]["path"], fmt, device="cpu",
+                                 timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB)
+        assert not report.ok, fmt
+        assert report.error
+
+
+def test_autotune_bundle_loads_and_installs_its_configs(
+    mlp_inference: tuple[JobSpec, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The bundle a CUDA build ships (torch's bytes plus ``.best_config``
+    files): the loader installs the configs into the node's Inductor cache,
+    and the artifact inside still verifies in a fresh process. The tuning
+    itself needs a GPU; bench/gpu_farm.py proves it on the H200."""
+    import shutil
+
+    from farm.compile import bundle_autotune
+    from farm.loader import is_bundle
+
+    spec, arts = mlp_inference
+    path = tmp_path / "bundle.bin"
+    shutil.copy(arts["aot_compile"]["path"], path)
+    cache = tmp_path / "cache"
+    (cache / "ab").mkdir(parents=True)
+    (cache / "ab" / "cafe.best_config").write_text('{"XBLOCK": 128, "num_warps": 4}')
+    assert bundle_autotune(path, cache) == 1
+    assert is_bundle(path)
+    report = verified(spec, {**arts["aot_compile"], "path": str(path)})
+    assert report.max_abs_err is not None and report.max_abs_err <= (report.tol or 0)
+
+    # Installing refuses entries that would escape the cache dir.
+    from farm.loader import ArtifactLoadError, install_autotune_configs
+
+    with pytest.raises(ArtifactLoadError):
+        install_autotune_configs({"../../evil.best_config": b"{}"})
