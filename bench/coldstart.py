@@ -347,7 +347,7 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
     head = (
         f"{'path to the first result (fresh process)':<40} {'first s':>8} {'min s':>7} "
         f"{'x JIT':>6} {'x eager':>7} {'cpu s':>6} {'load s':>7} {'1st call s':>10} "
-        f"{'steady ms':>9}  notes"
+        f"{'steady ms':>9} {'import s':>8} {'build s':>7} {'after s':>9}  notes"
     )
     lines = [head, "-" * len(head)]
     for label, runs in results.items():
@@ -387,7 +387,10 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
             f"{med(label, 'cpu_s') or 0:>6.1f} "
             f"{'-' if load is None else f'{load:.3f}':>7} "
             f"{med(label, 'first_call_s') or 0:>10.3f} "
-            f"{'-' if steady is None else f'{steady * 1e3:.3f}':>9}  {'; '.join(notes)}"
+            f"{'-' if steady is None else f'{steady * 1e3:.3f}':>9} "
+            f"{med(label, 'import_s') or 0:>8.2f} {med(label, 'build_s') or 0:>7.2f} "
+            f"{first - (med(label, 'import_s') or 0) - (med(label, 'build_s') or 0):>9.2f}"
+            f"  {'; '.join(notes)}"
         )
     return "\n".join(lines)
 
@@ -457,7 +460,10 @@ def main(argv: list[str] | None = None) -> int:
             f"machine: {machine()}",
             "first s: median seconds from process start (interpreter, import torch, model build "
             "included) to the first result; min s: fastest round; cpu s: CPU seconds of the "
-            "process and its children (g++) to the first result",
+            "process and its children (g++) to the first result; import s: interpreter start "
+            "and import torch; build s: the model with its weights (the fleet path's farm work "
+            "runs in the background meanwhile); after s: first s less both, the part that "
+            "differs between paths",
             "",
             table(results),
             "",
