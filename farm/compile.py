@@ -236,7 +236,15 @@ def mode_options(mode: str) -> dict[str, Any]:
         return {}
     from torch._inductor import list_mode_options
 
-    return dict(list_mode_options(mode))
+    options = dict(list_mode_options(mode))
+    if options.get("coordinate_descent_tuning") and os.environ.get("FARM_COORDESC", "0") != "1":
+        # Coordinate-descent tuning runs at a kernel's first launch and, on the
+        # H200 with torch 2.11, was redone on every node at the first call
+        # after loading (42 benchmarks, 7 s): the artifact would not be
+        # finished. GEMM template selection, max-autotune's main gain, happens
+        # at compile time and stays. FARM_COORDESC=1 restores torch's mode.
+        options["coordinate_descent_tuning"] = False
+    return options
 
 
 # --- guards -------------------------------------------------------------------------------
@@ -346,10 +354,14 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
     t0 = time.perf_counter()
     tune_dir = None
     if device.type == "cuda":
-        # A cache of this build's own, so what the warm-up tunes below is
-        # exactly what this artifact's kernels need.
-        tune_dir = Path(tempfile.mkdtemp(prefix="farm-inductor-"))
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tune_dir)
+        # The autotuning results to ship are collected from this process's
+        # Inductor cache. It must be the build's own and set before the process
+        # starts (the compile worker does: farm.steps.compile_env): Inductor's
+        # kernel-compile subprocesses start with torch and keep the cache dir
+        # they were born with, so changing it here would lose their results.
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        tune_dir = Path(cache_dir())
     with grad_context(spec.grad_mode):
         compiled_fn = aot((args, {}))
         trace_compile_s = time.perf_counter() - t0

@@ -19,6 +19,15 @@ def trace_step(payload: dict[str, Any]) -> dict[str, Any]:
     return report.to_json()
 
 
+def compile_env(build_dir: str | Path) -> dict[str, str]:
+    """Environment for a compile child: an Inductor and Triton cache of the
+    build's own, so what the build tunes is exactly what ships with it."""
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(Path(build_dir) / "inductor-cache"),
+        "TRITON_CACHE_DIR": str(Path(build_dir) / "triton-cache"),
+    }
+
+
 def compile_step(payload: dict[str, Any]) -> dict[str, Any]:
     from farm.compile import compile_artifacts
 

@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 
 from farm.sandbox import SandboxResult, run_isolated
 from farm.specs import JobSpec
+from farm.steps import compile_env
 from farm.target import Target
 from registry import service
 from registry.db import DatabaseUnavailable
@@ -106,6 +107,13 @@ def trace_task(self: Task, job_id: str) -> None:
     assert res.value is not None
     for d in service.record_trace(db, job_id, res.value):
         enqueue_compile(d)
+    # Identical jobs waiting behind this one take its trace instead of a
+    # process and seconds each (a rollout submits one job hundreds of times).
+    shared, dispatch = service.record_trace_for_identical(db, job_id, res.value)
+    if shared:
+        log.info("trace of job %s shared with %d identical queued jobs", job_id, len(shared))
+    for d in dispatch:
+        enqueue_compile(d)
 
 
 @app.task(name=COMPILE_TASK, base=FarmTask, bind=True)
@@ -150,11 +158,13 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
     s = context.settings()
     with tempfile.TemporaryDirectory(prefix="farm-build-") as tmp:
         t0 = time.monotonic()
+        out_dir = Path(tmp) / "out"
         res = run_isolated(
             "farm.steps:compile_step",
-            {"spec": spec.to_json(), "device": target.device, "out_dir": tmp},
+            {"spec": spec.to_json(), "device": target.device, "out_dir": str(out_dir)},
             timeout_s=s.build_timeout_s,
             memory_mb=s.build_memory_mb,
+            env_extra=compile_env(tmp),
         )
         compile_s = time.monotonic() - t0
         if not res.ok:
@@ -164,18 +174,26 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         assert res.value is not None
         new: list[service.NewArtifact] = []
         logs: list[str] = [f"compiled in {compile_s:.1f} s"]
+        failures: list[str] = []
         for art in res.value["artifacts"]:
             path = Path(art["path"])
-            report = verify_artifact(spec, path, art["format"], device=target.device)
+            # Verification runs the model's code too (its factory and forward):
+            # the same limits as the compile, not the verifier's generous defaults.
+            report = verify_artifact(
+                spec,
+                path,
+                art["format"],
+                device=target.device,
+                timeout_s=s.build_timeout_s,
+                memory_mb=s.build_memory_mb,
+            )
             logs.append(f"verify {art['format']}: {report.summary()}")
             if not report.ok:
-                service.fail_compile(
-                    db,
-                    build_key,
-                    error=f"{art['format']} artifact failed verification: {report.error}",
-                    log_text="\n".join(logs),
-                )
-                return
+                # One format failing (say an AOTI package) must not throw away
+                # another that loads and matches; the build fails only when
+                # no format is left.
+                failures.append(f"{art['format']} artifact failed verification: {report.error}")
+                continue
             # Blob first, row second: a row never points at a missing blob.
             info = store.put_file(path)
             new.append(
@@ -191,6 +209,15 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                     meta={**art.get("meta", {}), "verify": report.to_json()},
                 )
             )
+        if not new:
+            service.fail_compile(
+                db,
+                build_key,
+                error="; ".join(failures) or "the compile produced no artifact",
+                log_text="\n".join(logs),
+            )
+            return
+        logs += [f"dropped: {f}" for f in failures]
         service.finish_compile(
             db,
             build_key,

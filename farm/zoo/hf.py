@@ -8,6 +8,8 @@ is a different program than the one users serve for a forward pass.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -35,16 +37,17 @@ def llama(
     """``transformers.LlamaForCausalLM`` with a small config; input ``int64[B,T]``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        intermediate_size=intermediate,
-        max_position_embeddings=max_positions,
-        attn_implementation="sdpa",
-        torch_dtype=getattr(torch, dtype),
-    )
+    fields: dict[str, Any] = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": max_positions,
+        "attn_implementation": "sdpa",
+        "torch_dtype": getattr(torch, dtype),
+    }
+    config = LlamaConfig(**fields)
     model = LlamaForCausalLM(config).to(getattr(torch, dtype))
     return LlamaLogits(model)
