@@ -247,12 +247,17 @@ def job_spec(db: Database, job_id: str) -> JobSpec:
 def start_trace(db: Database, job_id: str) -> JobSpec | None:
     """Mark a job as tracing; None when it is already past that (a redelivery)."""
     with db.session() as s:
-        job = s.get(m.Job, job_id)
+        # Locked: a trace shared from an identical job (record_trace_for_identical)
+        # must not race this into tracing a job it has just settled.
+        job = s.get(m.Job, job_id, with_for_update=True)
         if job is None:
             raise NotFound(f"no job {job_id}")
         if job.state not in ("queued", "tracing"):
             return None
         job.state = "tracing"
+        # Stamped even when it was tracing already (a redelivery): the sweep
+        # re-sends a job whose trace started longer ago than any trace may run.
+        job.updated_at = _now()
         return JobSpec.from_json(job.spec)
 
 
@@ -287,43 +292,88 @@ def record_trace(db: Database, job_id: str, report: dict[str, Any]) -> list[Comp
     only those whose claim this call took, so two identical jobs in flight
     compile once.
     """
-    fingerprint = str(report["fingerprint"])
-    dispatch: list[CompileDispatch] = []
     with db.session() as s:
         job = s.get(m.Job, job_id)
         if job is None:
             raise NotFound(f"no job {job_id}")
-        spec = JobSpec.from_json(job.spec)
-        job.fingerprint = fingerprint
-        job.param_count = report.get("param_count")
-        job.param_bytes = report.get("param_bytes")
-        job.flops = report.get("flops")
-        job.trace_s = report.get("trace_s")
-        job.log = _clip(canonical_json({k: v for k, v in report.items() if k != "fingerprint"}))
-        job.state = "compiling"
-        for b in job.builds:
-            if b.state in TERMINAL_BUILD_STATES:
-                continue
-            key = build_key(
-                fingerprint=fingerprint,
-                inputs=spec.inputs,
-                grad_mode=spec.grad_mode,
-                options=spec.options,
-                target=b.target,
+        return _apply_trace(s, job, report)
+
+
+def record_trace_for_identical(
+    db: Database, job_id: str, report: dict[str, Any], *, limit: int = 1000
+) -> tuple[list[str], list[CompileDispatch]]:
+    """Give ``job_id``'s trace to every job still queued for the very same
+    program (model entrypoint, kwargs and kind; inputs; grad mode; options).
+
+    A fleet rollout submits the same job many times; tracing each copy costs
+    a process and seconds, and gives the same fingerprint: a queued job would
+    have been traced later than this trace ran anyway, so taking this result
+    is what tracing it would have given. Jobs locked by a trace worker that is
+    starting them are skipped (they trace themselves). Returns the jobs
+    settled and the compile tasks to enqueue after the commit.
+    """
+    dispatch: list[CompileDispatch] = []
+    settled: list[str] = []
+    with db.session() as s:
+        job = s.get(m.Job, job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        model = JobSpec.from_json(job.spec).model
+        siblings = s.scalars(
+            select(m.Job)
+            .where(
+                m.Job.state == "queued",
+                m.Job.id != job_id,
+                m.Job.inputs == job.inputs,
+                m.Job.grad_mode == job.grad_mode,
+                m.Job.options == job.options,
             )
-            b.build_key = key
-            arts = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()
-            if arts:
-                _link_version(s, job.version_id, arts)
-                b.state = "reused"
-                b.finished_at = _now()
-                _copy_metrics(b, arts)
+            .order_by(m.Job.created_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).all()
+        for sib in siblings:
+            if JobSpec.from_json(sib.spec).model != model:
                 continue
-            b.state = "queued"
-            b.queued_at = _now()
-            if _take_claim(s, key, b.target):
-                dispatch.append(CompileDispatch(key, b.target, Target.parse(b.target).queue))
-        _settle_job(job)
+            dispatch += _apply_trace(s, sib, {**report, "trace_shared_from": job_id})
+            settled.append(sib.id)
+    return settled, dispatch
+
+
+def _apply_trace(s: Session, job: m.Job, report: dict[str, Any]) -> list[CompileDispatch]:
+    fingerprint = str(report["fingerprint"])
+    dispatch: list[CompileDispatch] = []
+    spec = JobSpec.from_json(job.spec)
+    job.fingerprint = fingerprint
+    job.param_count = report.get("param_count")
+    job.param_bytes = report.get("param_bytes")
+    job.flops = report.get("flops")
+    job.trace_s = report.get("trace_s")
+    job.log = _clip(canonical_json({k: v for k, v in report.items() if k != "fingerprint"}))
+    job.state = "compiling"
+    for b in job.builds:
+        if b.state in TERMINAL_BUILD_STATES:
+            continue
+        key = build_key(
+            fingerprint=fingerprint,
+            inputs=spec.inputs,
+            grad_mode=spec.grad_mode,
+            options=spec.options,
+            target=b.target,
+        )
+        b.build_key = key
+        arts = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()
+        if arts:
+            _link_version(s, job.version_id, arts)
+            b.state = "reused"
+            b.finished_at = _now()
+            _copy_metrics(b, arts)
+            continue
+        b.state = "queued"
+        b.queued_at = _now()
+        if _take_claim(s, key, b.target):
+            dispatch.append(CompileDispatch(key, b.target, Target.parse(b.target).queue))
+    _settle_job(job)
     return dispatch
 
 
@@ -374,16 +424,26 @@ def requeue_stale_claims(
     return out
 
 
-def requeue_stale_jobs(db: Database, *, max_age_s: float = 900.0) -> list[str]:
+def requeue_stale_jobs(
+    db: Database, *, max_age_s: float = 900.0, tracing_max_age_s: float | None = None
+) -> list[str]:
     """Jobs still queued long after submission: their trace message was
-    probably never sent (the broker was down when the API committed them).
-    For the periodic sweep; a duplicate trace is harmless, since dispatch goes
-    through compile claims."""
-    cutoff = _now() - timedelta(seconds=max_age_s)
+    probably never sent (the broker was down when the API committed them, or
+    lost it in a restart). With ``tracing_max_age_s`` (longer than any trace
+    may run: the trace time limit and a margin), also jobs whose trace started
+    that long ago and never ended: their trace worker died (``kill -9``, its
+    host cut off) and the broker may not hand the message out again for a
+    long time (Redis: its visibility timeout). For the periodic sweep; a
+    duplicate trace is harmless, since dispatch goes through compile claims."""
+    now = _now()
+    stale = (m.Job.state == "queued") & (m.Job.updated_at < now - timedelta(seconds=max_age_s))
+    if tracing_max_age_s is not None:
+        stale = stale | (
+            (m.Job.state == "tracing")
+            & (m.Job.updated_at < now - timedelta(seconds=tracing_max_age_s))
+        )
     with db.session() as s:
-        jobs = s.scalars(
-            select(m.Job).where(m.Job.state == "queued", m.Job.updated_at < cutoff)
-        ).all()
+        jobs = s.scalars(select(m.Job).where(stale).limit(1000)).all()
         for job in jobs:
             job.updated_at = _now()  # one re-send per period, not one per sweep
         return [j.id for j in jobs]
