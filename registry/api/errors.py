@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 
 from farm.specs import SpecError
 from farm.target import TargetError
@@ -108,6 +108,13 @@ def install(app: FastAPI) -> None:
                          {"Retry-After": RETRY_AFTER_S})
         log.error("database error", exc_info=exc)
         return error(500, f"database error: {_first_line(exc.orig or exc)}")
+
+    # A value the database cannot hold (a NUL character in a name, an id or a
+    # message; a number out of range): the request's fault, and the
+    # transaction was rolled back, so nothing changed.
+    @app.exception_handler(DataError)
+    async def _db_data(_: Request, exc: DataError) -> JSONResponse:
+        return error(422, f"invalid value: {_first_line(exc.orig or exc)}")
 
     @app.exception_handler(SchemaOutOfDate)
     async def _schema(_: Request, exc: SchemaOutOfDate) -> JSONResponse:

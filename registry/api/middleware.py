@@ -4,16 +4,20 @@
 Content-Length says so (nothing is read), and while it streams when it has no
 Content-Length (chunked) or lies about it. ``RequestMetrics`` times every
 request by its route template, so the histogram's labels stay few.
+``ResponseCache`` answers repeated resolves from memory, in front of the app.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import HTTPException
 from prometheus_client import Histogram
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -71,50 +75,120 @@ async def _send_json(send: Send, status: int, detail: str) -> None:
 
 
 CachedResponse = tuple[int, list[tuple[bytes, bytes]], bytes]
+# Request headers that mean the request has a body: such a request is never
+# answered from memory (BodyLimit and the router see it as usual).
+_BODY_HEADERS = (b"content-length", b"transfer-encoding")
 
 
 class ResponseCache:
     """Answers repeated identical GETs of ``path`` from memory for a second or two.
 
-    A rollout is thousands of nodes sending the same resolve query with the
-    same token; only the first in each ``ttl_s`` goes through routing,
-    validation, auth and the resolver. The key holds the whole query string,
-    the Authorization header (so a cached answer only ever goes to the token
-    that was admitted for it) and Host (which the download URL is built
-    from). Only 200 and 404 answers are kept: errors are never replayed.
-    ``on_replay(status)`` lets the caller count replays as it counts answers.
+    A rollout is thousands of nodes sending the same resolve query; only the
+    first in each ``ttl_s`` goes through routing, validation, auth and the
+    resolver. The key is the whole query string and Host (which the download
+    URL is built from): the answer does not depend on who asks. Who asks is
+    still checked on every replay: ``admit(authorization_header)`` says from
+    memory alone whether it is a token the authenticator admitted lately (and
+    has not seen revoked since): yes, no, or None for a token it has not seen
+    lately, which ``admit_load`` then looks up (a node's first contact costs
+    one token lookup, not a whole resolve). Anything not admitted takes the
+    full path, which answers 401 or 403 as usual. Only 200 and 404 answers
+    are kept: errors are never replayed, nor is anything sent to a request
+    with a body.
+
+    When an entry has expired, the first request to see it refreshes it
+    through the full path while the others are answered with the old one
+    (for at most ``ttl_s`` more): a fleet never waits in line behind the
+    refresh's database query.
+
+    Meant to sit in front of the whole app (``FarmAPI``): a replay costs a
+    dictionary lookup and two ``send`` calls. ``on_replay(status)`` counts
+    replays as the endpoint counts answers; ``observe(status, seconds)``
+    times them as ``RequestMetrics`` times the rest.
     """
 
     def __init__(self, app: ASGIApp, *, path: str, cache: Any,
-                 on_replay: Any = None) -> None:
+                 admit: Callable[[bytes], bool | None] | None = None,
+                 admit_load: Callable[[bytes], bool] | None = None,
+                 on_replay: Callable[[int], None] | None = None,
+                 observe: Callable[[int, float], None] | None = None) -> None:
         self.app = app
         self.path = path
         self.cache = cache  # a state.TTLCache
+        self.admit = admit
+        self.admit_load = admit_load
         self.on_replay = on_replay
+        self.observe = observe
+        # Token lookups in flight: when a token's cached verdict expires (every
+        # few seconds) a fleet sharing it waits for one lookup, rather than
+        # queueing one per request in the thread pool.
+        self._loading: dict[bytes, asyncio.Future[bool]] = {}
+
+    async def _load_once(self, auth: bytes) -> bool:
+        pending = self._loading.get(auth)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        assert self.admit_load is not None
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._loading[auth] = future
+        verdict = False  # on any failure (the database is down...) the full path says why
+        try:
+            verdict = await run_in_threadpool(self.admit_load, auth)
+        except Exception:
+            pass
+        finally:
+            self._loading.pop(auth, None)
+            if not future.done():  # cancelled too: the waiters take the full path
+                future.set_result(verdict)
+        return verdict
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cache = self.cache
         if (scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "GET"
-                or self.cache.ttl_s <= 0):
+                or cache.ttl_s <= 0):
             await self.app(scope, receive, send)
             return
+        t0 = time.perf_counter()
         auth = host = b""
         for name, value in scope["headers"]:
             if name == b"authorization":
                 auth = value
             elif name == b"host":
                 host = value
-        key = (scope.get("query_string", b""), auth, host)
-        hit, entry = self.cache.peek(key)
-        if hit:
-            status, headers, body = entry
-            scope["farm.route"] = self.path
-            if self.on_replay is not None:
-                self.on_replay(status)
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-            return
+            elif name in _BODY_HEADERS:
+                await self.app(scope, receive, send)
+                return
+        key = (scope.get("query_string", b""), host)
+        admitted = True if self.admit is None else self.admit(auth)
+        if admitted is None:
+            # A token not seen lately (a node's first contact): when there is
+            # an answer to give, look the token up alone (in a worker thread)
+            # rather than send the request down the whole resolve path.
+            admitted = False
+            if self.admit_load is not None and cache.has(key):
+                admitted = await self._load_once(auth)
+        if admitted:
+            entry, _ = cache.lookup(key)  # (None, _): this request refreshes it
+            if entry is not None:
+                status, headers, body = entry
+                scope["farm.route"] = self.path
+                await send({"type": "http.response.start", "status": status,
+                            "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                if self.on_replay is not None:
+                    self.on_replay(status)
+                if self.observe is not None:
+                    self.observe(status, time.perf_counter() - t0)
+                return
+            generation = None
+        else:
+            # The full path decides (401, 403, or it loads the token). A 200 or
+            # 404 from it means the token was admitted, and the answer does
+            # not depend on who asked: it is kept like any other.
+            generation = cache.generation
         start: dict[str, Any] = {}
         parts: list[bytes] = []
+        fresh: list[CachedResponse] = []
 
         async def capture(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -122,17 +196,32 @@ class ResponseCache:
             elif message["type"] == "http.response.body":
                 parts.append(message.get("body", b""))
                 if not message.get("more_body") and start.get("status") in (200, 404):
-                    self.cache.put(key, (start["status"], list(start.get("headers", [])),
-                                         b"".join(parts)))
+                    fresh.append((start["status"], list(start.get("headers", [])),
+                                  b"".join(parts)))
             await send(message)
 
-        await self.app(scope, receive, capture)
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            cache.refreshed(key, fresh[0] if fresh else None, generation=generation)
 
 
 class RequestMetrics:
     def __init__(self, app: ASGIApp, *, histogram: Histogram) -> None:
         self.app = app
         self.histogram = histogram
+        # Labelled children by (method, route, status): labels() costs more
+        # than the rest of a cached resolve.
+        self._children: dict[tuple[str, str, int], Any] = {}
+
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        key = (method, route, status)
+        child = self._children.get(key)
+        if child is None:
+            if len(self._children) > 1000:  # methods come from clients: keep it bounded
+                self._children.clear()
+            child = self._children[key] = self.histogram.labels(method, route, str(status))
+        child.observe(seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -151,5 +240,4 @@ class RequestMetrics:
         finally:
             route: Any = scope.get("route")
             path = getattr(route, "path", None) or scope.get("farm.route") or "unmatched"
-            self.histogram.labels(scope.get("method", ""), path, str(status[0])).observe(
-                time.perf_counter() - start)
+            self.observe(scope.get("method", ""), path, status[0], time.perf_counter() - start)

@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from farm.settings import Settings
 from registry.auth import Authenticator
-from registry.blobstore import BlobStore
+from registry.blobstore import DEFAULT_PRESIGN_EXPIRES_S, BlobStore
 from registry.db import Database
 
 from .signer import Signer
@@ -44,6 +44,9 @@ class TTLCache(Generic[K, V]):
         self._data: dict[K, tuple[float, V]] = {}
         self._locks: dict[K, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._generation = 0
+        # key -> (when its refresh began, generation then); see lookup()
+        self._refreshing: dict[K, tuple[float, int]] = {}
 
     def peek(self, key: K) -> tuple[bool, V | None]:
         entry = self._data.get(key)
@@ -85,11 +88,54 @@ class TTLCache(Generic[K, V]):
 
     def invalidate(self, predicate: Callable[[K], bool] | None = None) -> None:
         with self._guard:
+            # A refresh that began before this must not store what it computed.
+            self._generation += 1
             if predicate is None:
                 self._data.clear()
             else:
                 for key in [k for k in self._data if predicate(k)]:
                     self._data.pop(key, None)
+
+    # Stale-while-revalidate, for a cache used from the event loop only (the
+    # resolve answers): one caller refreshes an expired entry while the others
+    # are served the old one.
+
+    def has(self, key: K) -> bool:
+        """Whether there is an entry, fresh or not."""
+        return key in self._data
+
+    def lookup(self, key: K) -> tuple[V | None, bool]:
+        """``(value, False)``: serve this (fresh, or stale while another caller
+        refreshes it, for at most ``ttl_s`` past its expiry). ``(None, True)``:
+        the caller refreshes it and then calls ``refreshed(key, value or None)``."""
+        now = time.monotonic()
+        entry = self._data.get(key)
+        if entry is not None:
+            if entry[0] > now:
+                return entry[1], False
+            refreshing = self._refreshing.get(key)
+            if (refreshing is not None and now - refreshing[0] < self.ttl_s
+                    and now < entry[0] + self.ttl_s):
+                return entry[1], False
+        if len(self._refreshing) >= self.max_entries:
+            self._refreshing.clear()
+        self._refreshing[key] = (now, self._generation)
+        return None, True
+
+    @property
+    def generation(self) -> int:
+        """Bumped by every ``invalidate``."""
+        return self._generation
+
+    def refreshed(self, key: K, value: V | None, *, generation: int | None = None) -> None:
+        """The refresh ``lookup`` asked for is over: ``value`` is stored unless
+        None or the cache was invalidated meanwhile. A caller that computed a
+        value without ``lookup`` passes the ``generation`` it began in."""
+        if generation is None:
+            refreshing = self._refreshing.pop(key, None)
+            generation = refreshing[1] if refreshing is not None else self._generation
+        if value is not None and generation == self._generation:
+            self.put(key, value)
 
 
 @dataclass
@@ -105,11 +151,15 @@ class AppState:
     # signatures made by this process, by artifact id: the candidates cache
     # may still hold the unsigned record for a second
     signatures: dict[int, str] = field(default_factory=dict)
-    # whole resolve answers by (query string, Authorization, Host)
-    resolve_responses: TTLCache[tuple[bytes, bytes, bytes], Any] = field(
+    # whole resolve answers by (query string, Host); see middleware.ResponseCache
+    resolve_responses: TTLCache[tuple[bytes, bytes], Any] = field(
         default_factory=lambda: TTLCache(0.0))
     # S3 downloads: digests known to have a row, so a redirect is not a query
     known_digests: TTLCache[str, bool] = field(default_factory=lambda: TTLCache(60.0))
+    # S3 downloads: presigned URLs by digest, handed out for a twelfth of their
+    # life (so each still has at least 55 of its 60 minutes when given)
+    presigned: TTLCache[str, str | None] = field(
+        default_factory=lambda: TTLCache(DEFAULT_PRESIGN_EXPIRES_S / 12))
     # local blob files whose bytes matched their digest: digest -> the file's
     # (inode, size, mtime, ctime) then; served again unhashed while unchanged
     verified_files: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from registry import auth
 
@@ -22,6 +22,14 @@ class TokenIn(BaseModel):
     role: Literal["read", "submit", "admin"] = Field(
         description="read: resolve and download (fleet nodes); submit: also submit jobs "
                     "and set aliases; admin: also create tokens")
+
+    @field_validator("name")
+    @classmethod
+    def _not_blank(cls, name: str) -> str:
+        # The name is stored stripped: all whitespace would be an empty name.
+        if not name.strip():
+            raise ValueError("a token's name must not be empty or only whitespace")
+        return name
 
 
 @router.post("", status_code=201)

@@ -1,0 +1,79 @@
+"""docker-compose.yml against the code: no Docker engine runs here, so the
+file is checked as data: its services, the farm commands they run (parsed by
+the real CLI parser), and the environment (read by the real Settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from farm.cli import build_parser
+from farm.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+FARM_SERVICES = ("migrate", "api", "trace-worker", "cpu-compile-worker", "gpu-compile-worker")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_every_part_of_the_farm_is_a_service(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) >= {
+        "redis", "postgres", "minio", "minio-bucket", *FARM_SERVICES,
+    }
+
+
+@pytest.mark.parametrize("name", FARM_SERVICES)
+def test_farm_commands_parse_with_the_real_cli(compose: dict[str, Any], name: str) -> None:
+    command = compose["services"][name]["command"]
+    args = build_parser().parse_args(command)
+    assert callable(args.func)
+
+
+def test_workers_consume_the_right_queues(compose: dict[str, Any]) -> None:
+    s = compose["services"]
+    assert s["trace-worker"]["command"] == ["worker", "trace"]
+    assert s["cpu-compile-worker"]["command"][-2:] == ["--device", "cpu"]
+    assert s["gpu-compile-worker"]["command"][-2:] == ["--device", "cuda"]
+    devices = s["gpu-compile-worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+
+
+def test_environment_is_what_the_code_reads(compose: dict[str, Any]) -> None:
+    known = {name.upper() for name in Settings.model_fields}
+    for name in FARM_SERVICES:
+        env = compose["services"][name]["environment"]
+        unknown = {k for k in env if k not in known and not k.startswith("AWS_")}
+        assert not unknown, f"{name} sets variables nothing reads: {unknown}"
+        # The settings the farm needs to be distributed, not embedded.
+        assert env["DATABASE_URL"].startswith("postgresql+psycopg://")
+        assert env["REDIS_URL"].startswith("redis://")
+        assert env["BLOB_STORE_URL"].startswith("s3://")
+        assert env["S3_ENDPOINT_URL"] == "http://minio:9000"
+    # And Settings accepts them as they are.
+    s = Settings(**{k.lower(): v for k, v in
+                    compose["services"]["api"]["environment"].items() if k.upper() in known})
+    assert s.resolved_database_url().endswith("@postgres:5432/farm")
+    assert s.resolved_broker_url() == "redis://redis:6379/0"
+
+
+def test_start_order_and_health(compose: dict[str, Any]) -> None:
+    s = compose["services"]
+    for backend in ("redis", "postgres", "minio", "api"):
+        assert "healthcheck" in s[backend], backend
+    assert s["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("api", "trace-worker", "cpu-compile-worker", "gpu-compile-worker"):
+        deps = s[name]["depends_on"]
+        assert deps["migrate"]["condition"] == "service_completed_successfully", name
+        assert deps["redis"]["condition"] == "service_healthy", name
+    assert s["api"]["depends_on"]["minio-bucket"]["condition"] == "service_completed_successfully"
+    # The bucket the farm writes to is the one the init step creates.
+    bucket = s["api"]["environment"]["BLOB_STORE_URL"].removeprefix("s3://").split("/")[0]
+    assert bucket in " ".join(s["minio-bucket"]["command"])
