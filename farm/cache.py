@@ -45,7 +45,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import secrets
 import threading
 import time
@@ -53,9 +52,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm import digests
+
 log = logging.getLogger(__name__)
 
-_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 _TMP_SUFFIX = ".tmp"
 # A temp file this old whose digest lock is free belongs to a writer that died.
 STALE_TMP_S = 3600.0
@@ -76,12 +76,10 @@ class CacheCorrupt(CacheError):
 
 def validate_digest(digest: object) -> str:
     """Return ``digest`` if it is 64 lowercase hex characters, else raise ``InvalidDigest``."""
-    if not isinstance(digest, str) or not _DIGEST_RE.fullmatch(digest):
-        shown = repr(digest)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        raise InvalidDigest(f"invalid sha256 digest {shown}: expected 64 lowercase hex characters")
-    return digest
+    try:
+        return digests.validate_digest(digest)
+    except digests.InvalidDigest as exc:
+        raise InvalidDigest(str(exc)) from None
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -235,9 +233,7 @@ class ArtifactCache:
 
     # --- writes -------------------------------------------------------------
 
-    def put_stream(
-        self, digest: str, chunks: Iterable[bytes], *, size: int | None = None
-    ) -> Path:
+    def put_stream(self, digest: str, chunks: Iterable[bytes], *, size: int | None = None) -> Path:
         """Store the bytes ``chunks`` yields as the blob ``digest`` and return its path.
 
         If the blob is already cached (perhaps written by another process that
@@ -320,7 +316,7 @@ class ArtifactCache:
         out = []
         with os.scandir(self._blobs) as it:
             for e in it:
-                if not _DIGEST_RE.fullmatch(e.name):
+                if not digests.DIGEST_RE.fullmatch(e.name):
                     continue
                 try:
                     st = e.stat()
@@ -374,7 +370,7 @@ class ArtifactCache:
         now = time.time()
         for p in self._blobs.glob(f".*{_TMP_SUFFIX}"):
             digest = p.name[1:].split(".", 1)[0]
-            if not _DIGEST_RE.fullmatch(digest):
+            if not digests.DIGEST_RE.fullmatch(digest):
                 continue
             try:
                 if now - p.stat().st_mtime < STALE_TMP_S:

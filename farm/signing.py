@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -36,10 +35,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from farm.digests import validate_digest
+
 logger = logging.getLogger(__name__)
 
 DOMAIN = b"torch-farm-artifact-v1\n"
-_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 _SIGNATURE_LEN = 64
 
 KeySource = str | bytes | os.PathLike[str]
@@ -167,8 +167,7 @@ def load_or_create_signing_key(path: str | os.PathLike[str]) -> Ed25519PrivateKe
 
 def canonical_message(digest: str, metadata: dict[str, Any]) -> bytes:
     """The exact bytes that are signed for ``(digest, metadata)``."""
-    if not isinstance(digest, str) or not _DIGEST_RE.fullmatch(digest):
-        raise ValueError(f"invalid sha256 digest {digest!r}: expected 64 lowercase hex characters")
+    validate_digest(digest)
     body = json.dumps(
         metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )

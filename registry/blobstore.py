@@ -26,7 +26,6 @@ import hashlib
 import io
 import logging
 import os
-import re
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -34,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlparse
+
+from farm.digests import validate_digest
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -43,8 +44,6 @@ logger = logging.getLogger(__name__)
 CHUNK_SIZE = 1024 * 1024
 DEFAULT_MULTIPART_THRESHOLD = 8 * 1024 * 1024
 DEFAULT_PRESIGN_EXPIRES_S = 3600
-
-_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class BlobStoreError(Exception):
@@ -84,16 +83,6 @@ class RangeNotSatisfiable(BlobStoreError, ValueError):
 class BlobInfo:
     digest: str
     size: int
-
-
-def validate_digest(digest: object) -> str:
-    """Return ``digest`` if it is a sha256 hex digest, else raise ``ValueError``."""
-    if not isinstance(digest, str) or not _DIGEST_RE.fullmatch(digest):
-        shown = repr(digest)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        raise ValueError(f"invalid sha256 digest {shown}: expected 64 lowercase hex characters")
-    return digest
 
 
 class _Readable(Protocol):

@@ -14,7 +14,6 @@ import hashlib
 import logging
 import mmap
 import os
-import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, BinaryIO
 
@@ -23,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse,
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
+from farm.digests import InvalidDigest, validate_digest
 from registry import service
 from registry.blobstore import (
     CHUNK_SIZE,
@@ -42,16 +42,16 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["artifacts"])
 
-_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 IMMUTABLE = "public, max-age=31536000, immutable"
 # The pattern is documented, not enforced by FastAPI: check_digest answers
 # with a message that says what a digest is.
-Digest = Annotated[str, Path(description="sha256 of the bytes, 64 lowercase hex",
-                             json_schema_extra={"pattern": "^[0-9a-f]{64}$"})]
-
-
-class InvalidDigest(ValueError):
-    pass
+Digest = Annotated[
+    str,
+    Path(
+        description="sha256 of the bytes, 64 lowercase hex",
+        json_schema_extra={"pattern": "^[0-9a-f]{64}$"},
+    ),
+]
 
 
 class DownloadAborted(RuntimeError):
@@ -59,11 +59,7 @@ class DownloadAborted(RuntimeError):
 
 
 def check_digest(digest: str) -> str:
-    if not _DIGEST_RE.fullmatch(digest):
-        shown = digest if len(digest) <= 80 else digest[:77] + "..."
-        raise InvalidDigest(f"invalid digest {shown!r}: expected 64 lowercase hex characters "
-                            "(the sha256 of the artifact's bytes)")
-    return digest
+    return validate_digest(digest)
 
 
 def _invalid(exc: InvalidDigest) -> JSONResponse:
@@ -184,8 +180,9 @@ def _map(f: BinaryIO) -> mmap.mmap | None:
         return None
 
 
-async def _stream_file(state: AppState, f: BinaryIO, st: os.stat_result, digest: str, *,
-                       start: int, length: int) -> AsyncIterator[bytes | memoryview]:
+async def _stream_file(
+    state: AppState, f: BinaryIO, st: os.stat_result, digest: str, *, start: int, length: int
+) -> AsyncIterator[bytes | memoryview]:
     """Bytes of a local blob file.
 
     The first time a worker serves a whole file (and again whenever the file
@@ -210,14 +207,15 @@ async def _stream_file(state: AppState, f: BinaryIO, st: os.stat_result, digest:
             while pos < end:
                 n = min(MAPPED_CHUNK, end - pos)
                 if _in_page_cache(fd, pos, n):
-                    yield view[pos:pos + n]
+                    yield view[pos : pos + n]
                 else:
                     with contextlib.suppress(OSError):
                         os.posix_fadvise(fd, pos, READ_AHEAD, os.POSIX_FADV_WILLNEED)
                     chunk = await run_in_threadpool(os.pread, fd, n, pos)
                     if len(chunk) < n:
                         raise DownloadAborted(
-                            f"blob sha256:{digest} shrank while it was being sent")
+                            f"blob sha256:{digest} shrank while it was being sent"
+                        )
                     yield chunk
                 pos += n
             return
@@ -238,10 +236,10 @@ async def _stream_file(state: AppState, f: BinaryIO, st: os.stat_result, digest:
             if actual != digest:
                 # Headers are gone already: aborting the body (the connection
                 # is closed short of Content-Length) is how the client learns.
-                log.error("aborted a download: blob sha256:%s is corrupt (got %s)",
-                          digest, actual)
-                raise DownloadAborted(f"blob sha256:{digest} is corrupt in the store: "
-                                      f"got sha256:{actual}")
+                log.error("aborted a download: blob sha256:%s is corrupt (got %s)", digest, actual)
+                raise DownloadAborted(
+                    f"blob sha256:{digest} is corrupt in the store: got sha256:{actual}"
+                )
             if len(state.verified_files) > 100_000:
                 state.verified_files.clear()
             state.verified_files[digest] = _stamp(st)
@@ -260,15 +258,19 @@ async def _known(state: AppState, digest: str) -> None:
     state.known_digests.put(digest, True)
 
 
-@router.get("/v1/artifacts/{digest}/blob",
-            responses={**PROTECTED,
-                       200: {"content": {"application/octet-stream": {}}},
-                       206: {"description": "the requested byte range"},
-                       304: {"description": "If-None-Match matched: unchanged (it never changes)"},
-                       307: {"description": "S3: a presigned URL to GET the bytes from"},
-                       404: err("no such blob"),
-                       416: err("Range outside the blob"),
-                       422: err("not a sha256 digest")})
+@router.get(
+    "/v1/artifacts/{digest}/blob",
+    responses={
+        **PROTECTED,
+        200: {"content": {"application/octet-stream": {}}},
+        206: {"description": "the requested byte range"},
+        304: {"description": "If-None-Match matched: unchanged (it never changes)"},
+        307: {"description": "S3: a presigned URL to GET the bytes from"},
+        404: err("no such blob"),
+        416: err("Range outside the blob"),
+        422: err("not a sha256 digest"),
+    },
+)
 async def download(
     digest: Digest,
     state: State,
@@ -311,8 +313,10 @@ async def download(
         if local is not None:
             f.close()
         return JSONResponse(
-            {"detail": f"range {range_!r} is outside the {size}-byte blob"}, status_code=416,
-            headers={**headers, "Content-Range": f"bytes */{size}"})
+            {"detail": f"range {range_!r} is outside the {size}-byte blob"},
+            status_code=416,
+            headers={**headers, "Content-Range": f"bytes */{size}"},
+        )
     start, end = span if span is not None else (0, size - 1)
     status = 200 if span is None else 206
     if span is not None:
@@ -320,20 +324,27 @@ async def download(
     if local is not None:
         return StreamingResponse(
             _stream_file(state, f, st, digest, start=start, length=end - start + 1),
-            status_code=status, media_type="application/octet-stream",
-            headers={**headers, "Content-Length": str(end - start + 1)})
+            status_code=status,
+            media_type="application/octet-stream",
+            headers={**headers, "Content-Length": str(end - start + 1)},
+        )
     # Another store that cannot presign: stream through its reader (which
     # verifies a whole blob as it goes).
     reader = await run_in_threadpool(
-        lambda: store.open(digest) if span is None else store.open(digest, start=start, end=end))
-    return StreamingResponse(_stream(reader, digest), status_code=status,
-                             media_type="application/octet-stream",
-                             headers={**headers, "Content-Length": str(end - start + 1)})
+        lambda: store.open(digest) if span is None else store.open(digest, start=start, end=end)
+    )
+    return StreamingResponse(
+        _stream(reader, digest),
+        status_code=status,
+        media_type="application/octet-stream",
+        headers={**headers, "Content-Length": str(end - start + 1)},
+    )
 
 
-@router.get("/v1/artifacts/{digest}",
-            responses={**PROTECTED, 404: err("no such artifact"),
-                       422: err("not a sha256 digest")})
+@router.get(
+    "/v1/artifacts/{digest}",
+    responses={**PROTECTED, 404: err("no such artifact"), 422: err("not a sha256 digest")},
+)
 async def artifact(digest: Digest, request: Request, state: State, _: Reader) -> Response:
     """An artifact's metadata, signature and download URL."""
     try:
@@ -353,17 +364,27 @@ async def artifact(digest: Digest, request: Request, state: State, _: Reader) ->
 @router.get("/v1/artifacts/{rest:path}", include_in_schema=False)
 async def bad_artifact_path(rest: str) -> Response:
     # Reached by digests with path characters ('../x', 'a/b'), once decoded.
-    return _invalid(InvalidDigest(f"invalid digest {rest[:80]!r}: expected 64 lowercase hex "
-                                  "characters (the sha256 of the artifact's bytes)"))
+    try:
+        validate_digest(rest)
+    except InvalidDigest as exc:
+        return _invalid(exc)
+    raise AssertionError("a valid digest cannot contain a path separator")
 
 
-@router.get("/v1/public-key", response_class=PlainTextResponse, tags=["artifacts"],
-            responses={200: {"content": {"application/x-pem-file": {}}}})
+@router.get(
+    "/v1/public-key",
+    response_class=PlainTextResponse,
+    tags=["artifacts"],
+    responses={200: {"content": {"application/x-pem-file": {}}}},
+)
 def public_key(state: State) -> Response:
     """The farm's Ed25519 public key (PEM): what nodes verify signatures with.
 
     Configure it on nodes (FARM_PUBLIC_KEY) rather than trusting this answer
     blindly: whoever can forge this response can forge signatures too.
     """
-    return PlainTextResponse(state.signer.public_pem, media_type="application/x-pem-file",
-                             headers={"X-Key-Id": state.signer.key_id})
+    return PlainTextResponse(
+        state.signer.public_pem,
+        media_type="application/x-pem-file",
+        headers={"X-Key-Id": state.signer.key_id},
+    )

@@ -328,4 +328,4 @@ def test_digest_with_path_characters(seeded: Api) -> None:
     for digest in BAD_DIGESTS:
         for suffix in ("", "/blob"):
             r = seeded.client.get(f"/v1/artifacts/{digest}{suffix}", headers=seeded.h("read"))
-            refused(seeded, r, 422, "invalid digest", "64 lowercase hex", before=before)
+            refused(seeded, r, 422, "invalid sha256 digest", "64 lowercase hex", before=before)
