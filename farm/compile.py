@@ -217,9 +217,44 @@ def build_weightless(spec: JobSpec, device: torch.device) -> Any:
     ``to_empty``): compiling needs shapes, dtypes and Parameter types, not values."""
     model = build_module(spec.model, device="meta")
     if isinstance(model, nn.Module):
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            check_fits(tensor_bytes(model), free_bytes=free, total_bytes=total, device=str(device))
         model.to_empty(device=device)
         apply_grad_mode(model, spec.grad_mode)
     return model
+
+
+class ModelDoesNotFit(CompileError):
+    """The model's weights alone exceed what the build GPU has free."""
+
+
+# Room left for activations, the CUDA context and Inductor's autotuning buffers.
+FIT_HEADROOM = 0.8
+
+
+def tensor_bytes(module: nn.Module) -> int:
+    """Bytes of every parameter and buffer, read off the meta-device model."""
+    return sum(t.numel() * t.element_size()
+               for t in (*module.parameters(), *module.buffers()))
+
+
+def check_fits(weight_bytes: int, *, free_bytes: int, total_bytes: int, device: str) -> None:
+    """Fail early and clearly, before ``to_empty`` reserves the weights' memory.
+
+    ``to_empty`` gives a weight-free compile real Parameters (guards check
+    their type), and so still takes the weights' memory on the build GPU. A
+    model that cannot fit fails here, with the numbers, instead of as a CUDA
+    out-of-memory error halfway through a compile.
+    """
+    if weight_bytes > FIT_HEADROOM * free_bytes:
+        gib = 1024**3
+        raise ModelDoesNotFit(
+            f"the model's weights take {weight_bytes / gib:.1f} GiB, and {device} has "
+            f"{free_bytes / gib:.1f} of {total_bytes / gib:.1f} GiB free; a build needs the "
+            f"weights to fit in {FIT_HEADROOM:.0%} of free memory. Build it on a larger GPU, "
+            "or shard it (not supported yet)"
+        )
 
 
 def _entry(spec: JobSpec, model: Any, inputs: list[torch.Tensor]) -> tuple[Any, tuple[Any, ...]]:

@@ -172,3 +172,18 @@ def test_without_compilers_hides_every_compiler() -> None:
     assert "CXX" not in env and "CC" not in env
     # Ordinary tools are still there.
     assert subprocess.run(["sleep", "0"], env=env).returncode == 0
+
+
+def test_a_model_too_big_for_the_build_gpu_fails_early_with_numbers() -> None:
+    import torch
+
+    from farm.compile import ModelDoesNotFit, check_fits, tensor_bytes
+
+    with torch.device("meta"):
+        big = torch.nn.Linear(1024, 1024, dtype=torch.bfloat16)
+    assert tensor_bytes(big) == (1024 * 1024 + 1024) * 2
+    gib = 1024**3
+    check_fits(10 * gib, free_bytes=100 * gib, total_bytes=140 * gib, device="cuda:0")
+    expected = r"weights take 138\.0 GiB.*100\.0 of 140\.0 GiB free"
+    with pytest.raises(ModelDoesNotFit, match=expected):
+        check_fits(138 * gib, free_bytes=100 * gib, total_bytes=140 * gib, device="cuda:0")
