@@ -605,6 +605,31 @@ def _finish_builds_from_artifacts(
             _settle_job(job)
 
 
+def release_claim(db: Database, key: str, *, worker_id: str) -> bool:
+    """Give back a claim this worker holds but will not finish now (its task
+    failed with an infrastructure error and will be retried): whichever
+    worker the retry reaches may run it. Left running, it would read as
+    "busy" to every other worker for as long as this one stays alive."""
+    with db.session() as s:
+        res = s.execute(
+            update(m.CompileClaim)
+            .where(
+                m.CompileClaim.build_key == key,
+                m.CompileClaim.state == "running",
+                m.CompileClaim.worker == worker_id,
+            )
+            .values(state="queued", worker=None, updated_at=_now())
+        )
+        if not res.rowcount:  # type: ignore[attr-defined]
+            return False
+        s.execute(
+            update(m.Build)
+            .where(m.Build.build_key == key, m.Build.state == "running")
+            .values(state="queued", worker=None)
+        )
+        return True
+
+
 def fail_compile(db: Database, key: str, *, error: str, log_text: str | None = None) -> None:
     with db.session() as s:
         claim = s.get(m.CompileClaim, key)

@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.db",
     "tests.fixtures.s3",
     "tests.fixtures.farm",
+    "tests.fixtures.faults",
 ]

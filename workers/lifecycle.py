@@ -8,7 +8,10 @@ the sweep (run by trace workers) re-enqueues what it was compiling.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
+import time
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
@@ -27,10 +30,29 @@ def configure(*, kind: str, queue: str, target: str | None) -> None:
     _identity.update(kind=kind, queue=queue, target=target)
 
 
+def requeue_after_s() -> float:
+    """How long a job or claim may sit queued before the sweep assumes its
+    message was lost (the broker was down, or restarted without persistence)
+    and sends it again. A duplicate is harmless but not free: keep this above
+    the longest wait in the queue."""
+    return float(os.environ.get("FARM_REQUEUE_AFTER_S", "900"))
+
+
+def trace_stale_after_s() -> float:
+    """A job tracing for longer than this has lost its trace worker: the
+    sandbox ends every trace by the trace time limit (plus its kill grace)."""
+    s = context.settings()
+    return float(s.trace_timeout_s) + max(5.0, 2.0 * context.heartbeat_max_age_s())
+
+
 def _beat_forever() -> None:
     from workers.tasks import enqueue_compile, enqueue_trace
 
     period = context.settings().heartbeat_s
+    # After this worker could not reach the database, every other worker
+    # probably could not either: their heartbeats are stale for a reason that
+    # is not death. Sweeping then would hand live workers' builds to others.
+    last_failure = -math.inf
     while not _stop.is_set():
         try:
             service.record_heartbeat(
@@ -40,17 +62,30 @@ def _beat_forever() -> None:
                 queue=_identity["queue"],
                 target=_identity["target"],
             )
-            if _identity["kind"] == "trace":
+        except Exception:  # a database blip must not kill the beat
+            last_failure = time.monotonic()
+            log.exception("heartbeat failed; retrying in %s s", period)
+            _stop.wait(period)
+            continue
+        recovered = time.monotonic() - last_failure > 2 * context.heartbeat_max_age_s()
+        try:
+            if _identity["kind"] == "trace" and recovered:
                 for d in service.requeue_stale_claims(
-                    context.database(), max_age_s=context.heartbeat_max_age_s()
+                    context.database(),
+                    max_age_s=context.heartbeat_max_age_s(),
+                    queued_max_age_s=requeue_after_s(),
                 ):
                     log.warning("re-enqueueing build %s of a dead worker", d.build_key[:12])
                     enqueue_compile(d)
-                for job_id in service.requeue_stale_jobs(context.database()):
-                    log.warning("re-enqueueing job %s that was never traced", job_id)
+                for job_id in service.requeue_stale_jobs(
+                    context.database(),
+                    max_age_s=requeue_after_s(),
+                    tracing_max_age_s=trace_stale_after_s(),
+                ):
+                    log.warning("re-enqueueing job %s whose trace was lost", job_id)
                     enqueue_trace(job_id)
-        except Exception:  # a database blip must not kill the beat
-            log.exception("heartbeat failed; retrying in %s s", period)
+        except Exception:  # nor a broker outage the sweep
+            log.exception("sweep failed; retrying in %s s", period)
         _stop.wait(period)
 
 

@@ -144,6 +144,13 @@ def compile_task(self: Task, build_key: str, target_text: str) -> None:
     except Retry:
         raise
     except RETRYABLE:
+        # The retry may reach another worker: let it take the claim. (If the
+        # database is what failed, this fails too, and the claim stays ours:
+        # the retry then waits for this worker or for its heartbeat to stop.)
+        try:
+            service.release_claim(db, build_key, worker_id=context.worker_id())
+        except Exception:
+            log.warning("could not release the claim on %s", build_key[:12], exc_info=True)
         raise
     except Exception as exc:  # a bug of ours: fail the build, keep the worker serving
         log.exception("compile of %s failed", build_key)

@@ -1,0 +1,84 @@
+"""Model factories for the fault and hostile-model tests (not shipped in farm.zoo).
+
+Each is named in a job spec as ``tests.models_env:<factory>``; the farm runs it
+in its sandbox children: the trace step, the compile step and the verifier.
+``stage()`` tells them apart by the sandbox target on the child's command line,
+so a factory can misbehave in one stage only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from torch import nn
+
+# What model code must never see: the farm's database, broker, bucket, tokens
+# and signing key, and any cloud or libpq credential.
+FORBIDDEN = re.compile(
+    r"^(DATABASE_URL|REDIS_URL|BROKER_URL|BLOB_STORE_URL|S3_.*|AWS_.*|FARM_.*|PG.*|CELERY_.*)$"
+    r"|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE_KEY",
+    re.IGNORECASE,
+)
+
+
+def stage() -> str:
+    """'trace', 'compile', 'verify' (or 'other' outside the farm's sandbox)."""
+    target = sys.argv[1] if len(sys.argv) > 1 else ""
+    for name in ("trace", "compile", "verify"):
+        if name in target.rpartition(":")[2]:
+            return name
+    return "other"
+
+
+def env_probe(record: str, dim: int = 8) -> nn.Module:
+    """Records which credential-like variables it can see (names only, never
+    values) with its stage and pid, one JSON line per call to ``record``; fails
+    its build if it saw any."""
+    visible = sorted(k for k in os.environ if FORBIDDEN.search(k))
+    line = {"stage": stage(), "pid": os.getpid(), "visible": visible,
+            "env_size": len(os.environ)}
+    with open(record, "a") as f:
+        f.write(json.dumps(line) + "\n")
+    if visible:
+        raise RuntimeError(f"model code can see the farm's credentials: {visible}")
+    return nn.Linear(dim, dim, bias=False)
+
+
+def slow_once(marker: str, seconds: float = 60.0, dim: int = 8, out: int = 4) -> nn.Module:
+    """Sleeps ``seconds`` the first time it is called (when ``marker`` does not
+    exist yet, which it then creates): a trace that is still running when the
+    test kills its worker, and quick everywhere after. The module is
+    ``farm.zoo.broken:linear(dim, out)``'s: the same graph, so the same build."""
+    path = Path(marker)
+    if not path.exists():
+        path.write_text(str(os.getpid()))
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+    return nn.Linear(dim, out, bias=False)
+
+
+def stage_bomb(how: str, at: str, dim: int = 8) -> nn.Module:
+    """A healthy Linear, except in stage ``at``, where it raises, hangs,
+    crashes the interpreter (SIGSEGV) or allocates until it is stopped."""
+    if stage() == at:
+        if how == "raise":
+            raise RuntimeError(f"bomb in {at}")
+        if how == "hang":
+            while True:
+                time.sleep(1.0)
+        if how == "segfault":
+            import ctypes
+
+            ctypes.string_at(0)
+        if how == "hog":
+            hoard = []
+            while True:
+                hoard.append(bytearray(b"\x01" * (64 << 20)))
+        raise ValueError(f"unknown bomb {how!r}")
+    return nn.Linear(dim, dim, bias=False)
