@@ -103,6 +103,10 @@ def run_embedded(host: str = "127.0.0.1", port: int = 8000) -> None:
     devices = tuple(
         d.strip() for d in os.environ.get("FARM_EMBEDDED_DEVICES", "cpu").split(",") if d.strip()
     )
+    # uvicorn re-raises the SIGTERM it shut down on once it has restored the
+    # handler it found: make that handler unwind this function, so the
+    # workers below are stopped with the API rather than left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with worker_processes(env, devices=devices, log_dir=s.farm_home / "logs"):
         print(f"torch-farm (embedded) on http://{host}:{port}  home={s.farm_home}", flush=True)
         uvicorn.run(create_app(), host=host, port=port, log_level="warning")
