@@ -1,0 +1,79 @@
+"""The embedded default: `farm serve --embedded` with no configuration is a
+working farm on one machine (SQLite, a local blob directory, the SQLite
+broker, real Celery worker processes beside the API), and stopping it stops
+its workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from farm.cache import ArtifactCache
+from farm.client import FarmClient
+from farm.target import detect_local_target
+from tests.fixtures.farm import ROOT, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SERVICE_VARS = ("DATABASE_URL", "REDIS_URL", "BROKER_URL", "BLOB_STORE_URL", "S3_ENDPOINT_URL",
+                "FARM_SIGNING_KEY", "FARM_AUTH", "FARM_ADMIN_TOKEN", "FARM_TOKEN", "FARM_URL")
+
+
+def test_embedded_farm_builds_serves_and_stops_its_workers(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS}
+    env.update({"FARM_HOME": str(home), "HEARTBEAT_S": "2", "PYTHONUNBUFFERED": "1"})
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "farm.cli", "serve", "--embedded", "--port", str(port)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+        )
+    try:
+        client = FarmClient(f"http://127.0.0.1:{port}",
+                            cache=ArtifactCache(tmp_path / "node-cache", 1 << 30))
+        deadline = time.monotonic() + 120
+        target = None
+        while target is None and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                workers = client.targets().get("workers", [])
+                target = next((w["target"] for w in workers if w["kind"] == "compile"), None)
+            except Exception:
+                pass
+            time.sleep(0.5)
+        assert target == str(detect_local_target("cpu")), log.read_text()[-3000:]
+        workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                   if "worker" in " ".join(c.cmdline())]
+        assert len(workers) >= 2
+
+        job = client.submit({"name": "emb", "version": "1",
+                             "model": {"entrypoint": "farm.zoo.basic:mlp"},
+                             "inputs": ["float32[2,64]"], "targets": ["cpu"]})
+        done = client.wait(job["id"], timeout=600)
+        assert done["state"] == "succeeded", done
+        # Everything lives under FARM_HOME: SQLite, blobs by digest, the broker.
+        assert (home / "farm.db").exists() and (home / "broker.db").exists()
+        for art in done["builds"][0]["artifacts"]:
+            d = art["digest"]
+            assert (home / "blobs" / "sha256" / d[:2] / d[2:]).exists()
+        resolved = client.resolve("emb", "1", ["float32[2,64]"], "inference",
+                                  detect_local_target("cpu"))
+        assert client.fetch(resolved).stat().st_size == resolved["artifact"]["size"]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    # Its workers went with it.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(w.is_running() and w.status() != "zombie"
+                                              for w in workers):
+        time.sleep(0.5)
+    assert not any(w.is_running() and w.status() != "zombie" for w in workers)
