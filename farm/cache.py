@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm import digests
+from farm.digests import fsync_dir, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +81,6 @@ def validate_digest(digest: object) -> str:
         return digests.validate_digest(digest)
     except digests.InvalidDigest as exc:
         raise InvalidDigest(str(exc)) from None
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -297,7 +290,7 @@ class ArtifactCache:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
-        _fsync_dir(self._blobs)
+        fsync_dir(self._blobs)
         st = final.stat()
         with self._mutex:
             self._verified.add((digest, st.st_dev, st.st_ino, st.st_size))
@@ -381,17 +374,3 @@ class ArtifactCache:
                 if got:
                     with contextlib.suppress(FileNotFoundError):
                         p.unlink()
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the rename durable; some filesystems refuse fsync on a directory.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

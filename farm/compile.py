@@ -52,6 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from farm.digests import sha256_file
 from farm.loader import AOTI_META_KEY, FORMAT_AOT_COMPILE, FORMAT_AOTI, _describe, call_module
 from farm.modelref import (
     apply_grad_mode,
@@ -182,7 +183,7 @@ def compile_artifacts(
             "format": fmt,
             "compile_s": round(time.perf_counter() - t0, 3),
             "size": path.stat().st_size,
-            "sha256": _sha256(path),
+            "sha256": sha256_file(path),
         }
         out.append(CompiledArtifact(path=path, format=fmt, meta=meta))
     if skipped:
@@ -635,14 +636,6 @@ def reproducible_cache_dir(key: str) -> Iterator[Path]:
                     os.environ[k] = v
             clear_caches()
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def describe_artifacts(arts: Sequence[CompiledArtifact]) -> str:

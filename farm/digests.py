@@ -4,6 +4,8 @@ key (which is what keeps ``../`` out of every store)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
@@ -26,3 +28,26 @@ def validate_digest(digest: object) -> str:
         raise InvalidDigest(f"invalid sha256 digest {shown}: expected 64 lowercase hex characters")
     assert isinstance(digest, str)
     return digest
+
+
+def sha256_file(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20) -> str:
+    """The content address of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a rename into ``path`` durable; not every platform can open a directory."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

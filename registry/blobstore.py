@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlparse
 
-from farm.digests import validate_digest
+from farm.digests import fsync_dir, sha256_file, validate_digest
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -186,13 +186,7 @@ def _clip_range(start: int, end: int | None, size: int) -> tuple[int, int]:
 
 
 def _hash_file(path: Path) -> BlobInfo:
-    hasher = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_SIZE):
-            hasher.update(chunk)
-            size += len(chunk)
-    return BlobInfo(hasher.hexdigest(), size)
+    return BlobInfo(sha256_file(path, chunk_size=CHUNK_SIZE), path.stat().st_size)
 
 
 def _copy_hashing(src: _Readable, dst: BinaryIO) -> BlobInfo:
@@ -203,20 +197,6 @@ def _copy_hashing(src: _Readable, dst: BinaryIO) -> BlobInfo:
         dst.write(chunk)
         size += len(chunk)
     return BlobInfo(hasher.hexdigest(), size)
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the rename itself durable; not every platform can open a directory.
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class _TempFile:
@@ -238,7 +218,7 @@ class _TempFile:
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(self.path, dest)
         self._committed = True
-        _fsync_dir(dest.parent)
+        fsync_dir(dest.parent)
 
     def __enter__(self) -> _TempFile:
         return self
