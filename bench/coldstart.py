@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,7 @@ def scenario(payload: dict[str, Any]) -> dict[str, Any]:
             grad_mode="inference",
             device=device.split(":")[0],
             client=FarmClient(payload["farm_url"]),
+            formats=payload.get("farm_formats"),
         )
     model = build_module(spec.model, device=device, seed=0)
     apply_grad_mode(model, GradMode.INFERENCE)
@@ -265,13 +267,15 @@ def plan(args: argparse.Namespace, workdir: Path) -> list[tuple[str, dict[str, A
                 )
             )
         for name in args.farm_models:
-            rows.append(
-                (
-                    f"farm fleet path: {name}",
-                    {**base, "kind": "fleet", "farm_url": args.farm_url, "farm_model": name},
-                    False,
+            for fmt in args.farm_formats:
+                rows.append(
+                    (
+                        f"farm fleet path: {name} {fmt}",
+                        {**base, "kind": "fleet", "farm_url": args.farm_url, "farm_model": name,
+                         "farm_formats": [fmt]},
+                        False,
+                    )
                 )
-            )
     elif args.device == "cpu":
         arts = build(spec, "cpu", workdir / "default")
         rows += [
@@ -347,7 +351,7 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
     head = (
         f"{'path to the first result (fresh process)':<40} {'first s':>8} {'min s':>7} "
         f"{'x JIT':>6} {'x eager':>7} {'cpu s':>6} {'load s':>7} {'1st call s':>10} "
-        f"{'steady ms':>9} {'import s':>8} {'build s':>7} {'after s':>9}  notes"
+        f"{'steady ms':>9} {'import s':>8} {'build s':>7} {'after s':>9} {'extra':>6}  notes"
     )
     lines = [head, "-" * len(head)]
     for label, runs in results.items():
@@ -389,10 +393,60 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
             f"{med(label, 'first_call_s') or 0:>10.3f} "
             f"{'-' if steady is None else f'{steady * 1e3:.3f}':>9} "
             f"{med(label, 'import_s') or 0:>8.2f} {med(label, 'build_s') or 0:>7.2f} "
-            f"{first - (med(label, 'import_s') or 0) - (med(label, 'build_s') or 0):>9.2f}"
+            f"{first - (med(label, 'import_s') or 0) - (med(label, 'build_s') or 0):>9.2f} "
+            f"{extra_share(first, eager, jit):>6}"
             f"  {'; '.join(notes)}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + goals(results, med, eager, jit))
+
+
+def extra_share(first: float, eager: float | None, jit: float | None) -> str:
+    """The path's time beyond eager's, as a share of JIT's time beyond eager's."""
+    if eager is None or jit is None or jit <= eager:
+        return "-"
+    return f"{(first - eager) / (jit - eager):.0%}"
+
+
+def goals(
+    results: dict[str, list[dict[str, Any]]],
+    med: Callable[[str, str], float | None],
+    eager: float | None,
+    jit: float | None,
+) -> list[str]:
+    """Issue 7's goals, checked against this run's medians for each fleet path."""
+    fleet = [label for label in results if label.startswith("farm fleet path")]
+    if not fleet or eager is None or jit is None:
+        return []
+    jit_steady = med("jit (cold cache, g++)", "steady_s")
+    default_first_call = {
+        label.split()[-1]: med(label, "first_call_s")
+        for label in fleet if "default" in label
+    }
+    out = ["", "goals (issue 7), per fleet path:"]
+    for label in fleet:
+        first = med(label, "to_first_result_s")
+        if first is None:
+            out.append(f"  {label}: FAILED")
+            continue
+        checks = [
+            f"{first / eager:.2f}x eager (goal <= 1.5: "
+            f"{'met' if first <= 1.5 * eager else 'NOT met'})",
+            f"{first / jit:.0%} of JIT's first result (goal <= 15%: "
+            f"{'met' if first <= 0.15 * jit else 'NOT met'})",
+            f"extra over eager {extra_share(first, eager, jit)} of JIT's extra",
+        ]
+        steady = med(label, "steady_s")
+        if steady is not None and jit_steady:
+            checks.append(f"steady {steady / jit_steady:.2f}x JIT's")
+        fc = med(label, "first_call_s")
+        ref = default_first_call.get(label.split()[-1])
+        if "autotune" in label and fc is not None and ref is not None:
+            checks.append(
+                f"first call {fc:.3f} s vs default's {ref:.3f} s "
+                f"(goal: no slower: {'met' if fc <= max(ref * 1.5, ref + 0.05) else 'NOT met'})"
+            )
+        out.append(f"  {label}: " + "; ".join(checks))
+    return out
 
 
 def machine() -> str:
@@ -428,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=["bench-default", "bench-autotune"],
         help="model names (version 1) the farm serves for --model",
+    )
+    ap.add_argument(
+        "--farm-formats",
+        nargs="*",
+        default=["aoti", "aot_compile"],
+        help="one fleet-path row per model and format",
     )
     args = ap.parse_args(argv)
     if args.device == "cuda":

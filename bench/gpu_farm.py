@@ -113,23 +113,35 @@ def wait_ready(
     )
 
 
-def row(name: str, job: dict[str, Any]) -> dict[str, Any]:
+def rows_of(name: str, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per artifact format the build stored (a build whose AOTI package
+    failed keeps its aot_compile artifact: the log line says why)."""
     b = job["builds"][0] if job.get("builds") else {}
-    arts = b.get("artifacts") or []
-    verify = (arts[0].get("meta") or {}).get("verify", {}) if arts else {}
-    return {
-        "job": name,
-        "state": job["state"],
-        "compile_s": b.get("compile_s"),
-        "bytes": b.get("artifact_bytes"),
-        "verified": b.get("verified"),
-        "max_abs_err": b.get("max_abs_err"),
-        "tol": verify.get("tol") or verify.get("tolerance"),
-        "load_s": arts[0].get("load_s") if arts else None,
-        "first_call_s": b.get("first_call_s"),
-        "first_call_compiles": b.get("first_call_compiles"),
-        "error": (job.get("error") or b.get("error") or "")[:300],
-    }
+    error = (job.get("error") or b.get("error") or "")[:300]
+    dropped = " | ".join(
+        line[len("dropped: "):][:200]
+        for line in (b.get("log") or "").splitlines()
+        if line.startswith("dropped: ")
+    )
+    out = []
+    for art in b.get("artifacts") or [{}]:
+        meta = art.get("meta") or {}
+        verify = meta.get("verify") or {}
+        out.append({
+            "job": name,
+            "format": art.get("format", "-"),
+            "state": job["state"],
+            "compile_s": meta.get("compile_s") or b.get("compile_s"),
+            "bytes": art.get("size"),
+            "verified": art.get("verified"),
+            "max_abs_err": art.get("max_abs_err"),
+            "tol": verify.get("tol") or verify.get("tolerance"),
+            "load_s": art.get("load_s"),
+            "first_call_s": art.get("first_call_s"),
+            "first_call_compiles": art.get("first_call_compiles"),
+            "error": error or (f"dropped: {dropped}" if dropped else ""),
+        })
+    return out
 
 
 def fmt(v: Any) -> str:
@@ -179,10 +191,12 @@ def main(argv: list[str] | None = None) -> int:
                 job = client.wait(ids[n], timeout=left)
             except Exception as exc:  # report and go on: partial results still count
                 job = {"state": f"unfinished ({exc.__class__.__name__})", "builds": []}
-            rows.append(row(n, job))
-            print(json.dumps(rows[-1]), flush=True)
+            for r in rows_of(n, job):
+                rows.append(r)
+                print(json.dumps(r), flush=True)
         cols = [
             "job",
+            "format",
             "state",
             "compile_s",
             "bytes",

@@ -577,6 +577,13 @@ _WARM_MODULES = (
 )
 
 
+# Formats whose loading imports _WARM_MODULES. An AOTI package needs none of
+# them (its kernels are in a shared library); importing them anyway would take
+# the GIL from the node's own start for seconds (measured on the H200: the
+# model build beside them went from 2.0 to 3.4 s).
+_FORMATS_NEEDING_WARM_IMPORTS = frozenset({"aot_compile"})
+
+
 def warm_imports() -> float:
     """Import what loading an artifact needs; returns the seconds it took."""
     import importlib
@@ -624,7 +631,8 @@ class CompiledHandle:
 
     def __init__(self, *, model: str, ref: str | None, inputs: tuple[TensorSpec, ...],
                  grad_mode: GradMode, target: Target | str | None, device: str | None,
-                 client: FarmClient | None, overlap: bool, warm: bool) -> None:
+                 client: FarmClient | None, overlap: bool, warm: bool,
+                 formats: Sequence[str] | None = None) -> None:
         self.model = model
         self.ref = ref
         self.inputs = inputs
@@ -632,14 +640,12 @@ class CompiledHandle:
         self._target_arg = target
         self._device = device
         self._client = client
+        self._formats = tuple(formats) if formats is not None else None
+        self._warm_wanted = warm and overlap
         self._future: concurrent.futures.Future[Prefetched] = concurrent.futures.Future()
         self._import_thread: threading.Thread | None = None
         self.timings: dict[str, float] = {}
         self.target: Target | None = None
-        if warm and overlap:
-            self._import_thread = threading.Thread(target=self._warm, name="farm-warm-imports",
-                                                   daemon=True)
-            self._import_thread.start()
         if overlap:
             threading.Thread(target=self._run, name="farm-prefetch", daemon=True).start()
         else:
@@ -670,8 +676,16 @@ class CompiledHandle:
             raise FarmError(f"cannot describe this node as a target: {exc}") from None
         self.target = target
         t1 = time.perf_counter()
-        resolved = self.client.resolve(self.model, self.ref, self.inputs, self.grad_mode, target)
+        resolved = self.client.resolve(self.model, self.ref, self.inputs, self.grad_mode, target,
+                                       formats=self._formats)
         t2 = time.perf_counter()
+        fmt = resolved["artifact"].get("format")
+        if self._warm_wanted and fmt in _FORMATS_NEEDING_WARM_IMPORTS:
+            # Beside the download and verification, which wait on the network
+            # and hashlib (both release the GIL).
+            self._import_thread = threading.Thread(target=self._warm, name="farm-warm-imports",
+                                                   daemon=True)
+            self._import_thread.start()
         path = self.client.fetch(resolved)
         t3 = time.perf_counter()
         self.timings.update(target_s=t1 - t0, resolve_s=t2 - t1, fetch_verify_s=t3 - t2)
@@ -852,6 +866,7 @@ def prefetch_compiled(
     client: FarmClient | None = None,
     overlap: bool = True,
     warm_imports: bool = True,
+    formats: Sequence[str] | None = None,
 ) -> CompiledHandle:
     """Start resolving, downloading and verifying the artifact (and importing
     what loading it needs) in the background; ``.bind(module)`` later.
@@ -859,14 +874,16 @@ def prefetch_compiled(
     ``device`` (``"cpu"``, ``"cuda"``) picks the target with ``target="auto"``;
     None means CUDA when present. ``grad_mode`` None means the grad mode in
     force now: pass it explicitly when the model will be called under
-    ``torch.no_grad()`` but this call is not.
+    ``torch.no_grad()`` but this call is not. ``formats`` limits the artifact
+    formats this node takes (default: any, the resolver's preference).
     """
     specs = as_input_specs(example_inputs)
     mode = as_grad_mode(grad_mode)
     if device is not None and ":" in device:
         device = device.split(":", 1)[0]
     return CompiledHandle(model=model, ref=ref, inputs=specs, grad_mode=mode, target=target,
-                          device=device, client=client, overlap=overlap, warm=warm_imports)
+                          device=device, client=client, overlap=overlap, warm=warm_imports,
+                          formats=formats)
 
 
 def compiled(
@@ -880,6 +897,7 @@ def compiled(
     client: FarmClient | None = None,
     fallback: bool = True,
     overlap: bool = True,
+    formats: Sequence[str] | None = None,
 ) -> Callable[..., Any]:
     """Run ``module_or_fn`` on the farm's artifact for its inputs.
 
@@ -897,11 +915,11 @@ def compiled(
     device = _module_device(module_or_fn, example_inputs)
     if example_inputs is None:
         return _OnFirstCall(module_or_fn, model=model, ref=ref, grad_mode=grad_mode,
-                            target=target, client=client, fallback=fallback)
+                            target=target, client=client, fallback=fallback, formats=formats)
     try:
         handle = prefetch_compiled(model=model, ref=ref, example_inputs=example_inputs,
                                    grad_mode=grad_mode, target=target, device=device,
-                                   client=client, overlap=overlap)
+                                   client=client, overlap=overlap, formats=formats)
     except (SpecError, TargetError) as exc:
         if not fallback:
             raise

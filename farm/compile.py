@@ -99,11 +99,12 @@ class CompiledArtifact:
         return {"path": str(self.path), "format": self.format, "meta": self.meta}
 
 
-# The oldest torch whose weight-free CPU AOTI packages we have seen load: on
-# torch 2.11.0+cu130 (the H200 host) loading one segfaulted in
-# AOTIModelPackageLoader's constructor. Older torch builds aot_compile only,
-# unless AOTI is asked for explicitly.
-AOTI_MIN_TORCH = (2, 12)
+# The oldest torch whose weight-free AOTI packages we have seen load, per
+# device: on torch 2.11.0+cu130 (the H200 host) loading a CPU package
+# segfaulted in AOTIModelPackageLoader's constructor, while CUDA packages built
+# and loaded there (bench/results/gpu_farm-*). Older torch builds aot_compile
+# only, unless AOTI is asked for explicitly.
+AOTI_MIN_TORCH: dict[str, tuple[int, int]] = {"cpu": (2, 12), "cuda": (2, 11)}
 
 
 def torch_version() -> tuple[int, int]:
@@ -112,13 +113,11 @@ def torch_version() -> tuple[int, int]:
 
 
 def default_formats(spec: JobSpec, device: str) -> tuple[str, ...]:
-    """aot_compile always; an AOTI package too where it is the better artifact:
-    CPU (no compiler needed on the node) and inference (AOTI has no backward)."""
-    if (
-        device == "cpu"
-        and spec.grad_mode is GradMode.INFERENCE
-        and torch_version() >= AOTI_MIN_TORCH
-    ):
+    """aot_compile always; an AOTI package too for inference (AOTI has no
+    backward), where it is the better artifact: on CPU it loads with no C++
+    compiler on the node, on CUDA without importing dynamo and Inductor."""
+    oldest = AOTI_MIN_TORCH.get(device.split(":")[0])
+    if spec.grad_mode is GradMode.INFERENCE and oldest and torch_version() >= oldest:
         return (FORMAT_AOT_COMPILE, FORMAT_AOTI)
     return (FORMAT_AOT_COMPILE,)
 

@@ -334,6 +334,8 @@ def _load_aoti(path: Path, module: Any, *, device_index: int) -> Callable[..., A
             raise ArtifactLoadError(
                 f"AOTI package was built for CPU ISA {built[0]}, this node runs {here}"
             )
+    if device_index < 0:
+        device_index = _cuda_index(module)
     # torch's load_package first tries a loader that probes the ISA by
     # compiling test programs, and without a compiler logs a warning and falls
     # back to the plain loader: go straight to it.
@@ -367,6 +369,17 @@ def _load_aoti(path: Path, module: Any, *, device_index: int) -> Callable[..., A
             parts.append("; ".join(mismatched[:10]))
         raise ArtifactLoadError("module does not fit the AOTI package: " + "; ".join(parts))
     return AOTIFunction(runner, module, fqns, meta)
+
+
+def _cuda_index(module: Any) -> int:
+    """The GPU the module's weights are on (-1: none, or not a module): a CUDA
+    package runs its kernels on the device it is loaded for."""
+    for get in ("parameters", "buffers"):
+        tensors = getattr(module, get, None)
+        if callable(tensors):
+            for t in tensors():
+                return int(t.device.index or 0) if t.device.type == "cuda" else -1
+    return -1
 
 
 def _describe(t: Any) -> str:

@@ -464,8 +464,8 @@ def test_format_preference_cpu_aoti_first() -> None:
     assert order([art(1, format="aot_compile"), art(2, format="aoti")], _CPU) == [2, 1]
 
 
-def test_format_preference_cuda_aot_compile_first() -> None:
-    cands = [art(1, _GPU, format="aoti"), art(2, _GPU, format="aot_compile")]
+def test_format_preference_cuda_aoti_first() -> None:
+    cands = [art(1, _GPU, format="aot_compile"), art(2, _GPU, format="aoti")]
     assert order(cands, _GPU) == [2, 1]
 
 

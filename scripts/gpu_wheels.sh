@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Fetch into .whl/ the wheels the lent H200 lacks (it has no network): the
+# farm's own dependencies, pinned to the versions in this machine's .venv, for
+# CPython 3.12 on x86-64. scripts/gpu_check.sh installs them there. .whl/ is
+# kept out of git (.git/info/exclude) and carried by the device call.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PKGS="celery kombu billiard vine amqp click-didyoumean click-plugins click-repl redis
+sqlalchemy greenlet alembic mako fastapi starlette pydantic pydantic-core pydantic-settings
+annotated-types typing-inspection python-dotenv uvicorn boto3 botocore s3transfer jmespath
+cryptography cffi pycparser opentelemetry-api prompt-toolkit wcwidth tzlocal"
+grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+mkdir -p .whl
+freeze=$(.venv/bin/python -m pip freeze 2>/dev/null | tr 'A-Z_' 'a-z-')
+for p in $PKGS; do
+  pin=$(grep -E "^${p}==" <<<"$freeze" || true)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_34_x86_64 -d .whl "${pin:-$p}"
+done
+ls .whl
