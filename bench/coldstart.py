@@ -107,6 +107,7 @@ def scenario(payload: dict[str, Any]) -> dict[str, Any]:
             device=device.split(":")[0],
             client=FarmClient(payload["farm_url"]),
             formats=payload.get("farm_formats"),
+            warm_imports=payload.get("warm_imports", True),
         )
     model = build_module(spec.model, device=device, seed=0)
     apply_grad_mode(model, GradMode.INFERENCE)
@@ -266,8 +267,9 @@ def plan(args: argparse.Namespace, workdir: Path) -> list[tuple[str, dict[str, A
                     False,
                 )
             )
+        formats = args.farm_formats or default_farm_formats()
         for name in args.farm_models:
-            for fmt in args.farm_formats:
+            for fmt in formats:
                 rows.append(
                     (
                         f"farm fleet path: {name} {fmt}",
@@ -276,6 +278,17 @@ def plan(args: argparse.Namespace, workdir: Path) -> list[tuple[str, dict[str, A
                         False,
                     )
                 )
+                if fmt == "aot_compile" and args.sequential_imports:
+                    # The imports loading needs, after the model build rather
+                    # than beside it: both contend for the GIL.
+                    rows.append(
+                        (
+                            f"farm fleet path: {name} {fmt}, imports after build",
+                            {**base, "kind": "fleet", "farm_url": args.farm_url,
+                             "farm_model": name, "farm_formats": [fmt], "warm_imports": False},
+                            False,
+                        )
+                    )
     elif args.device == "cpu":
         arts = build(spec, "cpu", workdir / "default")
         rows += [
@@ -400,6 +413,13 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines + goals(results, med, eager, jit))
 
 
+def default_farm_formats() -> list[str]:
+    from farm.compile import AOTI_MIN_TORCH, torch_version
+
+    aoti = torch_version() >= min(AOTI_MIN_TORCH.values())
+    return ["aoti", "aot_compile"] if aoti else ["aot_compile"]
+
+
 def extra_share(first: float, eager: float | None, jit: float | None) -> str:
     """The path's time beyond eager's, as a share of JIT's time beyond eager's."""
     if eager is None or jit is None or jit <= eager:
@@ -419,7 +439,7 @@ def goals(
         return []
     jit_steady = med("jit (cold cache, g++)", "steady_s")
     default_first_call = {
-        label.split()[-1]: med(label, "first_call_s")
+        label.split(",")[0].split()[-1]: med(label, "first_call_s")
         for label in fleet if "default" in label
     }
     out = ["", "goals (issue 7), per fleet path:"]
@@ -439,7 +459,7 @@ def goals(
         if steady is not None and jit_steady:
             checks.append(f"steady {steady / jit_steady:.2f}x JIT's")
         fc = med(label, "first_call_s")
-        ref = default_first_call.get(label.split()[-1])
+        ref = default_first_call.get(label.split(",")[0].split()[-1])
         if "autotune" in label and fc is not None and ref is not None:
             checks.append(
                 f"first call {fc:.3f} s vs default's {ref:.3f} s "
@@ -486,8 +506,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--farm-formats",
         nargs="*",
-        default=["aoti", "aot_compile"],
-        help="one fleet-path row per model and format",
+        default=None,
+        help="one fleet-path row per model and format (default: the formats this torch's "
+        "farm builds for the device)",
+    )
+    ap.add_argument(
+        "--sequential-imports",
+        action="store_true",
+        help="also an aot_compile fleet row that imports after the model build",
     )
     args = ap.parse_args(argv)
     if args.device == "cuda":

@@ -99,12 +99,14 @@ class CompiledArtifact:
         return {"path": str(self.path), "format": self.format, "meta": self.meta}
 
 
-# The oldest torch whose weight-free AOTI packages we have seen load, per
-# device: on torch 2.11.0+cu130 (the H200 host) loading a CPU package
-# segfaulted in AOTIModelPackageLoader's constructor, while CUDA packages built
-# and loaded there (bench/results/gpu_farm-*). Older torch builds aot_compile
-# only, unless AOTI is asked for explicitly.
-AOTI_MIN_TORCH: dict[str, tuple[int, int]] = {"cpu": (2, 12), "cuda": (2, 11)}
+# The oldest torch whose AOTI packages we have seen load. On torch
+# 2.11.0+cu130 (the H200 host) every AOTI package crashes (SIGSEGV) in
+# AOTIModelPackageLoader's constructor: CPU and CUDA, weights in the package
+# or not, torch's own aoti_load_package too (bench/probe_aoti_cuda.py,
+# bench/results/probe_aoti-torch2.11-*.log). CPU packages load on 2.12 and
+# 2.13; CUDA ones are built there as well and kept only if they pass
+# verification. Older torch builds aot_compile only, unless AOTI is asked for.
+AOTI_MIN_TORCH: dict[str, tuple[int, int]] = {"cpu": (2, 12), "cuda": (2, 12)}
 
 
 def torch_version() -> tuple[int, int]:

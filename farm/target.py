@@ -24,6 +24,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import quote, unquote
 
+from farm.cpu_isa import detect_cpu_isa
+
 DEVICES = ("cpu", "cuda")
 _FIELD_ORDER = ("gpu", "cc", "cuda", "triton", "python", "torch", "isa", "threads")
 _ATTR = {
@@ -211,42 +213,6 @@ def triton_major_minor() -> str | None:
             continue
         return ".".join(version.split("+")[0].split(".")[:2])
     return None
-
-
-def detect_cpu_isa() -> str:
-    """The vector ISA that Inductor bakes into CPU code on this machine.
-
-    Inductor's pick (``pick_vec_isa``, which already folds in
-    ``ATEN_CPU_CAPABILITY`` and ``cpp.simdlen``) is what the generated C++ is
-    tiled and compiled for, so a node is described by it and compared exactly.
-    The name is torch's (``avx2``, ``avx512``, ``avx512 avx512_vnni``, ...),
-    except that SVE is named with its width (``sve128``, ``sve256``): torch
-    calls NEON and both SVE widths "asimd", and their code is not
-    interchangeable.
-    """
-    isa = ""
-    try:
-        from torch._inductor import cpu_vec_isa
-
-        picked = cpu_vec_isa.pick_vec_isa()
-        # InvalidVecISA is falsy but its str() is "INVALID_VEC_ISA": no usable
-        # compiler or no supported ISA.
-        if picked:
-            isa = str(picked)
-            # By class name: torch 2.13 spells it VecSVE (one class, two
-            # widths), older releases VecSVE256.
-            if type(picked).__name__.startswith("VecSVE"):
-                isa = f"sve{picked.bit_width()}"
-    except Exception:  # pragma: no cover - very old torch or a broken toolchain
-        isa = ""
-    if isa:
-        return isa
-    # Inductor cannot compile here (no C++ compiler). An AOTInductor package
-    # still loads, and its kernels must have been built for what this CPU runs,
-    # which is ATen's dispatch level ("AVX2" -> "avx2", "SVE256" -> "sve256").
-    import torch
-
-    return str(torch.backends.cpu.get_cpu_capability()).lower()
 
 
 def detect_local_target(device: str | None = None) -> Target:

@@ -24,7 +24,8 @@ timeout "${FARM_BUDGET_S:-330}" python3 bench/gpu_farm.py --out "$OUT" --keep --
 URL=$(cat /tmp/farm-gpu/url 2>/dev/null)
 if [ -n "$URL" ] && [ "${SKIP_COLDSTART:-0}" != 1 ]; then
   timeout "${COLDSTART_BUDGET_S:-200}" python3 bench/coldstart.py --device cuda --model bench \
-    --repeats "${REPEATS:-1}" --steady-calls 20 --farm-url "$URL" --out "$OUT"
+    --repeats "${REPEATS:-1}" --steady-calls 20 --farm-url "$URL" --out "$OUT" \
+    --sequential-imports
 fi
 [ -f /tmp/farm-gpu/serve.pid ] && kill -TERM -- "-$(cat /tmp/farm-gpu/serve.pid)" 2>/dev/null
 sleep 2

@@ -1,0 +1,274 @@
+"""This machine's CPU vector ISA, as Inductor compiles for it, cached per machine.
+
+Inductor's pick test-compiles a C++ program per candidate ISA: 14-16 s of a
+2-core fleet node's cold start with a fresh Inductor cache (measured with
+``bench/coldstart.py --device cpu``). The answer only changes with the CPU,
+torch, the compiler and a few settings, so it is kept in a small JSON file
+under a key of exactly those, and only the first process on a machine pays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def detect_cpu_isa() -> str:
+    """The vector ISA that Inductor bakes into CPU code on this machine.
+
+    Inductor's pick (``pick_vec_isa``, which already folds in
+    ``ATEN_CPU_CAPABILITY`` and ``cpp.simdlen``) is what the generated C++ is
+    tiled and compiled for, so a node is described by it and compared exactly.
+    The name is torch's (``avx2``, ``avx512``, ``avx512 avx512_vnni``, ...),
+    except that SVE is named with its width (``sve128``, ``sve256``): torch
+    calls NEON and both SVE widths "asimd", and their code is not
+    interchangeable.
+
+    Inductor's pick test-compiles a C++ program per candidate ISA (16 s of a
+    2-core fleet node's cold start with a fresh Inductor cache), so the answer
+    is kept per machine in a small JSON file (``FARM_ISA_CACHE``, see
+    ``_isa_cache_path``) under a key of everything it depends on
+    (``_isa_cache_key``); only the first process on a machine pays for it.
+    """
+    isa = _cached_inductor_isa()
+    if isa:
+        return isa
+    # Inductor cannot compile here (no C++ compiler). An AOTInductor package
+    # still loads, and its kernels must have been built for what this CPU runs,
+    # which is ATen's dispatch level ("AVX2" -> "avx2", "SVE256" -> "sve256").
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability()).lower()
+
+
+def _pick_inductor_isa() -> str:
+    """Inductor's own pick, renamed as ``detect_cpu_isa`` documents; "" when
+    Inductor has none (no usable compiler or no supported ISA). The expensive
+    part: every candidate ISA is test-compiled and loaded."""
+    isa = ""
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        picked = cpu_vec_isa.pick_vec_isa()
+        # InvalidVecISA is falsy but its str() is "INVALID_VEC_ISA": no usable
+        # compiler or no supported ISA.
+        if picked:
+            isa = str(picked)
+            # By class name: torch 2.13 spells it VecSVE (one class, two
+            # widths), older releases VecSVE256.
+            if type(picked).__name__.startswith("VecSVE"):
+                isa = f"sve{picked.bit_width()}"
+    except Exception:  # pragma: no cover - very old torch or a broken toolchain
+        isa = ""
+    return isa
+
+
+# --------------------------------------------------------------------------- #
+# Per-machine cache of Inductor's ISA pick
+# --------------------------------------------------------------------------- #
+
+ISA_CACHE_ENV = "FARM_ISA_CACHE"
+_ISA_CACHE_VERSION = 1  # bump when the key or the naming in _pick_inductor_isa changes
+_ISA_CACHE_MAX_ENTRIES = 16
+# What an entry may hold: torch's names ("avx512 avx512_vnni amx_tile"), ours
+# ("sve256") or "" (no compiler). Anything else in the file is ignored.
+_ISA_VALUE_RE = re.compile(r"^[a-z0-9_ ]{0,64}$")
+# Environment that changes Inductor's pick (or the compiler it picks with).
+# Not TORCHINDUCTOR_* wholesale: TORCHINDUCTOR_CACHE_DIR, fresh per process on
+# fleet nodes, would make every process miss.
+_ISA_ENV_VARS = (
+    "ATEN_CPU_CAPABILITY",  # pick_vec_isa's choice among the valid ISAs
+    "TORCHINDUCTOR_VEC_ISA_OK",  # cpp.vec_isa_ok: skips the test compiles
+    # cpp.simdlen reads no environment variable in torch 2.13 (it is a plain
+    # config default); kept in the key in case a release adds it.
+    "TORCHINDUCTOR_CPP_SIMDLEN",
+    "TORCH_INDUCTOR_INSTALL_GXX",  # compiler search may install gcc via conda
+    "CXX",  # cpp.cxx default; also resolved in _cxx_identity
+)
+_CXX_CANDIDATES = ("g++", "c++", "clang++")
+
+
+def _cached_inductor_isa() -> str:
+    """``_pick_inductor_isa()``, read from the per-machine cache when its key
+    is there, and stored there when not. The cache never fails the caller:
+    any problem with the file means detecting again."""
+    path = _isa_cache_path()
+    if path is None:
+        return _pick_inductor_isa()
+    try:
+        key, compiler = _isa_cache_key()
+    except Exception:  # pragma: no cover - defensive: a key we cannot build is a miss
+        return _pick_inductor_isa()
+    entries = _read_isa_cache(path)
+    cached = entries.get(key)
+    if cached is not None:
+        return cached
+    isa = _pick_inductor_isa()
+    # An empty pick is kept only when no compiler was found: then it cannot
+    # change until one is installed, which changes the key. With a compiler it
+    # may be a passing failure (full disk, lock timeout) and is not pinned.
+    if isa or compiler == "none":
+        entries.pop(key, None)
+        entries[key] = isa
+        while len(entries) > _ISA_CACHE_MAX_ENTRIES:
+            del entries[next(iter(entries))]
+        _write_isa_cache(path, entries)
+    return isa
+
+
+def _isa_cache_path() -> Path | None:
+    """Where the cache lives: ``$FARM_ISA_CACHE`` (a file; "off" disables it),
+    else ``${XDG_CACHE_HOME:-~/.cache}/torch-farm/cpu-isa.json``.
+
+    Not under ``farm.settings``' ``CLIENT_CACHE_DIR`` (default
+    ``$FARM_HOME/cache``, the per-user artifact cache): that directory may be
+    shared between machines, and reading the settings costs pydantic at import.
+    """
+    env = os.environ.get(ISA_CACHE_ENV, "").strip()
+    if env.lower() == "off":
+        return None
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    try:
+        # The XDG spec says to ignore a relative XDG_CACHE_HOME.
+        base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    except RuntimeError:  # no home directory to be found
+        return None
+    return base / "torch-farm" / "cpu-isa.json"
+
+
+def _isa_cache_key() -> tuple[str, str]:
+    """The cache key (hex digest of everything the pick depends on), and the
+    compiler identity in it ("none" when no compiler was found).
+
+    Cheap by design: no ``torch._inductor`` import, no subprocess.
+    """
+    import torch
+
+    compiler = _cxx_identity()
+    parts: dict[str, Any] = {
+        "v": _ISA_CACHE_VERSION,
+        "torch": torch.__version__,
+        "platform": sys.platform,
+        "machine": platform.machine(),
+        "cpu": _cpu_flags_digest(),
+        "cxx": compiler,
+        "env": {name: os.environ.get(name) for name in _ISA_ENV_VARS},
+    }
+    overrides = _inductor_overrides()
+    if overrides:
+        parts["inductor"] = overrides
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest(), compiler
+
+
+def _inductor_overrides() -> dict[str, str]:
+    """Inductor settings changed in code (``config.cpp.simdlen = 8``) rather
+    than by the environment the key already holds.
+
+    Seen only when Inductor is already imported: importing it here would cost
+    what the cache saves. Values equal to the environment's defaults are left
+    out, so a process's key does not change once the pick itself has imported
+    Inductor.
+    """
+    config = sys.modules.get("torch._inductor.config")
+    if config is None:
+        return {}
+    out: dict[str, str] = {}
+    try:
+        cpp = config.cpp
+        if cpp.simdlen is not None:
+            out["simdlen"] = repr(cpp.simdlen)
+        env_ok = {"1": True, "0": False}.get(os.environ.get("TORCHINDUCTOR_VEC_ISA_OK", ""))
+        if cpp.vec_isa_ok != env_ok:
+            out["vec_isa_ok"] = repr(cpp.vec_isa_ok)
+        default_cxx = "clang++" if sys.platform == "darwin" else "g++"
+        if tuple(cpp.cxx) != (None, os.environ.get("CXX", default_cxx)):
+            out["cxx"] = repr(cpp.cxx)
+    except Exception:  # pragma: no cover - a torch without these settings
+        return {}
+    return out
+
+
+def _cpu_flags_digest() -> str:
+    """Hash of the CPU's feature flags: the first ``flags`` (x86) or
+    ``Features`` (arm, s390x) line of /proc/cpuinfo, else what ``platform``
+    says of the processor."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep and name.strip().lower() in ("flags", "features"):
+                    # Sorted: the same set of flags is the same CPU.
+                    flags = " ".join(sorted(value.split()))
+                    return "flags:" + hashlib.sha256(flags.encode()).hexdigest()
+    except OSError:
+        pass
+    return f"platform:{platform.processor()}/{platform.machine()}"
+
+
+def _cxx_identity() -> str:
+    """The C++ compiler Inductor would use, as path, mtime and size (so an
+    upgrade in place changes it); "none" when there is none.
+
+    Resolved the cheap way, without running it: ``$CXX``, else the first of
+    g++, c++, clang++ on PATH.
+    """
+    cxx = os.environ.get("CXX", "").strip()
+    candidates = (cxx,) if cxx else _CXX_CANDIDATES
+    for name in candidates:
+        found = shutil.which(name)
+        if found is None:
+            continue
+        try:
+            real = os.path.realpath(found)
+            st = os.stat(real)
+        except OSError:
+            continue
+        return f"{found}|{real}|{st.st_mtime_ns}|{st.st_size}"
+    return "none"
+
+
+def _read_isa_cache(path: Path) -> dict[str, str]:
+    """The cache's entries; empty when the file is missing, unreadable or not
+    ours (a corrupt file is then replaced by the next write)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        k: v
+        for k, v in data.items()
+        if isinstance(k, str) and isinstance(v, str) and _ISA_VALUE_RE.match(v)
+    }
+
+
+def _write_isa_cache(path: Path, entries: dict[str, str]) -> None:
+    """Replace the cache file atomically (temp file + ``os.replace``); errors
+    are ignored. Concurrent writers: the last one wins."""
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(entries, f, indent=1)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
