@@ -207,6 +207,9 @@ def run_child(payload: dict[str, Any], *, no_compiler: bool = False) -> dict[str
             "CLIENT_CACHE_DIR": f"{cache}/farm-node-cache",
             "FARM_HOME": f"{cache}/farm",
         }
+        if payload.get("isa_cache") == "cold":
+            # The first process on a machine: farm.cpu_isa test-compiles the ISA.
+            extra["FARM_ISA_CACHE"] = f"{cache}/cpu-isa.json"
         res = run_isolated(
             "bench.coldstart:scenario",
             {**payload, "check_no_compiler": no_compiler},
@@ -278,6 +281,15 @@ def plan(args: argparse.Namespace, workdir: Path) -> list[tuple[str, dict[str, A
                         False,
                     )
                 )
+                if args.device == "cpu" and fmt == "aoti":
+                    rows.append(
+                        (
+                            f"farm fleet path: {name} {fmt}, first process on the machine",
+                            {**base, "kind": "fleet", "farm_url": args.farm_url,
+                             "farm_model": name, "farm_formats": [fmt], "isa_cache": "cold"},
+                            False,
+                        )
+                    )
                 if fmt == "aot_compile" and args.sequential_imports:
                     # The imports loading needs, after the model build rather
                     # than beside it: both contend for the GIL.
@@ -525,6 +537,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"coldstart: {args.model} {MODELS[args.model][2]} on {args.device}; {machine()}", flush=True
     )
+    if args.farm_url and args.device == "cpu":
+        # Fleet rows other than the "first process" one run as later processes
+        # of a node: the per-machine CPU ISA cache (farm.cpu_isa) is filled.
+        from farm.target import detect_local_target
+
+        detect_local_target("cpu")
     with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:
         rows = plan(args, Path(tmp))
         results: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in rows}

@@ -32,6 +32,11 @@ JOBS: dict[str, dict[str, Any]] = {
         "model": {"entrypoint": "farm.zoo.basic:mlp"},
         "inputs": ["float32[8,64]"],
     },
+    # bench/coldstart.py --device cpu --model transformer --farm-url ... serves this.
+    "transformer-cpu": {
+        "model": {"entrypoint": "farm.zoo.basic:small_transformer"},
+        "inputs": ["float32[4,64,128]"],
+    },
     "bench-default": {
         "model": {"entrypoint": "farm.zoo.basic:bench_transformer"},
         "inputs": ["bfloat16[8,512,1024]"],
@@ -177,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             f"cuda compile worker: {target}  (ready after {time.monotonic() - t0:.0f} s)",
             flush=True,
         )
-        default = [n for n in JOBS if not n.startswith("smoke")]
+        default = [n for n in JOBS if not n.startswith(("smoke", "transformer-cpu"))]
         names = [n for n in JOBS if n in (a.only or default)]
         ids = {}
         for n in names:

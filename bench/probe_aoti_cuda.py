@@ -36,14 +36,15 @@ def model(device: str):  # type: ignore[no-untyped-def]
     return m.eval()
 
 
-def build(device: str, work: Path) -> None:
+def build(device: str, work: Path, variants: list[str]) -> None:
     import torch
 
     m = model(device)
     x = torch.randn(8, 64, device=device)
     with torch.no_grad():
         ep = torch.export.export(m, (x,), strict=False)
-    for name, in_so in VARIANTS.items():
+    for name in variants:
+        in_so = VARIANTS[name]
         t0 = time.perf_counter()
         torch._inductor.aoti_compile_and_package(
             ep,
@@ -108,6 +109,14 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/probe-aoti"))
     ap.add_argument("--child", nargs=2)
     ap.add_argument("--imports", action="store_true")
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--loaders", nargs="*", default=list(LOADERS))
+    ap.add_argument(
+        "--tmpdirs", nargs="*", default=["default"],
+        help="TMPDIR for the loading child (where the package is unpacked and its .so "
+        "loaded from); 'default' leaves it alone",
+    )
+    ap.add_argument("--no-import-timing", action="store_true")
     a = ap.parse_args()
     if a.imports:
         time_warm_imports()
@@ -120,21 +129,26 @@ def main() -> int:
     print("torch", torch.__version__, flush=True)
     print(torch._C._aoti.AOTIModelPackageLoader.__init__.__doc__, flush=True)
     a.work.mkdir(parents=True, exist_ok=True)
-    build(a.device, a.work)
+    build(a.device, a.work, a.variants)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-    for name in VARIANTS:
-        for how in LOADERS:
-            p = subprocess.run(
-                [sys.executable, __file__, "--device", a.device, "--child",
-                 str(a.work / f"{name}.pt2"), how],
-                capture_output=True, text=True, env=env, timeout=300,
-            )
-            tail = (p.stdout + p.stderr).strip().splitlines()[-12:]
-            status = "ok" if p.returncode == 0 else f"rc={p.returncode}"
-            print(f"== {a.device} {name} {how}: {status}", flush=True)
-            for line in tail:
-                print("   ", line[:300], flush=True)
-    for _ in range(2):
+    for tmpdir in a.tmpdirs:
+        child_env = dict(env)
+        if tmpdir != "default":
+            Path(tmpdir).mkdir(parents=True, exist_ok=True)
+            child_env["TMPDIR"] = tmpdir
+        for name in a.variants:
+            for how in a.loaders:
+                p = subprocess.run(
+                    [sys.executable, __file__, "--device", a.device, "--child",
+                     str(a.work / f"{name}.pt2"), how],
+                    capture_output=True, text=True, env=child_env, timeout=300,
+                )
+                tail = (p.stdout + p.stderr).strip().splitlines()[-12:]
+                status = "ok" if p.returncode == 0 else f"rc={p.returncode}"
+                print(f"== {a.device} {name} {how} TMPDIR={tmpdir}: {status}", flush=True)
+                for line in tail:
+                    print("   ", line[:300], flush=True)
+    for _ in range(0 if a.no_import_timing else 2):
         p = subprocess.run([sys.executable, __file__, "--imports"], capture_output=True,
                            text=True, env=env, timeout=300)
         print("warm imports alone:", (p.stdout or p.stderr).strip()[-300:], flush=True)
