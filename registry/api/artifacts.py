@@ -112,12 +112,20 @@ def _etag_matches(header: str | None, etag: str) -> bool:
 
 
 async def _stream(reader: BlobReader, digest: str) -> AsyncIterator[bytes]:
+    # Each chunk goes out only once the next read has come back: the reader
+    # checks the digest at its end, so the last chunk is held until the whole
+    # blob has checked out, and a corrupt blob never reaches a client whole.
     try:
+        pending = b""
         while True:
             chunk = await run_in_threadpool(reader.read, CHUNK_SIZE)
             if not chunk:
+                if pending:
+                    yield pending
                 return
-            yield chunk
+            if pending:
+                yield pending
+            pending = chunk
     except BlobCorrupt as exc:
         # Headers are gone already: aborting the body (the connection is
         # closed short of Content-Length) is how the client learns. Not a
@@ -223,12 +231,22 @@ async def _stream_file(
         if start:
             f.seek(start)
         left = length
+        # While hashing, the last chunk is held back until the digest checks:
+        # a corrupt file is then cut short (Content-Length unmet) for every
+        # client, also one that does not hash, and a blob of one chunk is
+        # never sent at all.
+        pending = b""
         while left > 0:
             chunk = await run_in_threadpool(_read_hashing, f, min(FILE_CHUNK, left), hasher)
             if not chunk:
                 break
             left -= len(chunk)
-            yield chunk
+            if hasher is None:
+                yield chunk
+                continue
+            if pending:
+                yield pending
+            pending = chunk
         if left:
             raise DownloadAborted(f"blob sha256:{digest} shrank while it was being sent")
         if hasher is not None:
@@ -243,6 +261,8 @@ async def _stream_file(
             if len(state.verified_files) > 100_000:
                 state.verified_files.clear()
             state.verified_files[digest] = _stamp(st)
+            if pending:
+                yield pending
     finally:
         # The map itself is not closed here: slices of it may still sit in the
         # transport's write buffer. It is unmapped when the last one is dropped.

@@ -432,6 +432,29 @@ def test_download_of_a_corrupted_blob_is_aborted(api: Api) -> None:
         api.get(url)
 
 
+def test_corrupt_blob_never_reaches_a_client_whole(api: Api) -> None:
+    # Three 4 MB chunks and a bit, damaged in the last one: the API holds that
+    # chunk back until the digest checks, so the client gets less than the
+    # blob whichever chunk is damaged.
+    from registry.api.artifacts import FILE_CHUNK
+
+    size = 3 * FILE_CHUNK + 1000
+    art = make_artifact(api.db, api.store, data=b"a" * size)
+    path = api.store.local_path(art["digest"])
+    assert path is not None
+    path.chmod(0o644)
+    with open(path, "r+b") as f:
+        f.seek(size - 1)
+        f.write(b"b")
+    got = 0
+    with pytest.raises(Exception, match="corrupt"), api.client.stream(
+        "GET", f"/v1/artifacts/{art['digest']}/blob", headers=api.h("read")
+    ) as r:
+        for chunk in r.iter_bytes():
+            got += len(chunk)
+    assert got <= size - (size - 3 * FILE_CHUNK)  # the last chunk never went out
+
+
 def test_download_unknown_digest_is_404(api: Api) -> None:
     r = api.get(f"/v1/artifacts/{'a' * 64}/blob")
     assert r.status_code == 404 and "not found" in r.json()["detail"]
