@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,40 +50,114 @@ def embedded_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+# A worker that dies this soon after its start counts as crashing at start;
+# its restarts back off (1, 2, 4, ... up to RESTART_MAX_S seconds).
+RESTART_QUICK_S = 10.0
+RESTART_MAX_S = 60.0
+
+
+class WorkerSlot:
+    """One embedded worker process, restarted by the supervisor when it dies.
+
+    A job is not lost with it: tasks are acknowledged late, a lost worker's
+    task goes back to the queue, and the sweep re-sends builds whose worker
+    stopped beating.
+    """
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path | None) -> None:
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.name = " ".join(argv[argv.index("worker") + 1 :])
+        self.restarts = 0
+        self._quick_failures = 0
+        self._not_before = 0.0
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        out: Any = subprocess.DEVNULL
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
+        try:
+            proc = subprocess.Popen(self.argv, env=self.env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        self.started = time.monotonic()
+        return proc
+
+    def check(self, now: float) -> None:
+        """Restart the process if it has exited (after its back-off)."""
+        code = self.proc.poll()
+        if code is None:
+            return
+        if self._not_before == 0.0:
+            quick = now - self.started < RESTART_QUICK_S
+            self._quick_failures = self._quick_failures + 1 if quick else 0
+            delay = min(RESTART_MAX_S, 2.0 ** (self._quick_failures - 1)) if quick else 0.0
+            log.warning("embedded %s worker exited with %s; restarting it in %.0f s",
+                        self.name, code, delay)
+            self._not_before = now + delay
+        if now >= self._not_before:
+            self._not_before = 0.0
+            self.restarts += 1
+            self.proc = self._spawn()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def wait(self, deadline: float) -> None:
+        try:
+            self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
 @contextmanager
 def worker_processes(
-    env: dict[str, str], *, devices: tuple[str, ...] = ("cpu",), log_dir: Path | None = None
-) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Start one trace worker and one compile worker per device; stop them on exit."""
-    procs: list[subprocess.Popen[bytes]] = []
-    kinds = [("trace", None)] + [("compile", d) for d in devices]
+    env: dict[str, str],
+    *,
+    devices: tuple[str, ...] = ("cpu",),
+    log_dir: Path | None = None,
+    supervise_every_s: float = 1.0,
+) -> Iterator[list[WorkerSlot]]:
+    """Start one trace worker and one compile worker per device, restart any
+    that dies while the block runs, and stop them all on exit."""
+    slots: list[WorkerSlot] = []
+    stopping = threading.Event()
+
+    def supervise() -> None:
+        while not stopping.wait(supervise_every_s):
+            for slot in slots:
+                try:
+                    slot.check(time.monotonic())
+                except OSError as exc:  # cannot fork now: try again next round
+                    log.error("could not restart the embedded %s worker: %s", slot.name, exc)
+
+    supervisor = threading.Thread(target=supervise, name="farm-embedded-supervisor",
+                                  daemon=True)
     try:
-        for kind, device in kinds:
+        for kind, device in [("trace", None)] + [("compile", d) for d in devices]:
             argv = [sys.executable, "-m", "farm.cli", "worker", kind]
             if device:
                 argv += ["--device", device]
-            out: Any = subprocess.DEVNULL
-            if log_dir is not None:
-                log_dir.mkdir(parents=True, exist_ok=True)
-                name = f"worker-{kind}{'-' + device if device else ''}.log"
-                out = open(log_dir / name, "ab")  # noqa: SIM115
-            procs.append(
-                subprocess.Popen(
-                    argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                )
-            )
-        yield procs
+            name = f"worker-{kind}{'-' + device if device else ''}.log"
+            slots.append(WorkerSlot(argv, env, log_dir / name if log_dir else None))
+        supervisor.start()
+        yield slots
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
+        stopping.set()
+        if supervisor.is_alive():
+            supervisor.join()
+        for slot in slots:
+            slot.stop()
         deadline = time.monotonic() + 15
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        for slot in slots:
+            slot.wait(deadline)
 
 
 def run_embedded(host: str = "127.0.0.1", port: int = 8000) -> None:

@@ -26,6 +26,14 @@ SERVICE_VARS = ("DATABASE_URL", "REDIS_URL", "BROKER_URL", "BLOB_STORE_URL", "S3
                 "FARM_SIGNING_KEY", "FARM_AUTH", "FARM_ADMIN_TOKEN", "FARM_TOKEN", "FARM_URL")
 
 
+def _cmdline(p: psutil.Process) -> list[str]:
+    # A killed worker stays a zombie until the farm reaps it: it has no cmdline.
+    try:
+        return list(p.cmdline())
+    except psutil.Error:
+        return []
+
+
 def test_embedded_farm_builds_serves_and_stops_its_workers(tmp_path: Path) -> None:
     home = tmp_path / "home"
     port = free_port()
@@ -68,6 +76,25 @@ def test_embedded_farm_builds_serves_and_stops_its_workers(tmp_path: Path) -> No
         resolved = client.resolve("emb", "1", ["float32[2,64]"], "inference",
                                   detect_local_target("cpu"))
         assert client.fetch(resolved).stat().st_size == resolved["artifact"]["size"]
+
+        # A worker that dies (here: SIGKILL of its process group) is restarted
+        # by the embedded farm, which then goes on building.
+        dead = next(w for w in workers if "compile" in w.cmdline())
+        os.killpg(dead.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        fresh: list[psutil.Process] = []
+        while not fresh and time.monotonic() < deadline:
+            fresh = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                     if "compile" in _cmdline(c) and c.pid != dead.pid]
+            time.sleep(0.5)
+        assert fresh, log.read_text()[-3000:]
+        job = client.submit({"name": "emb", "version": "2",
+                             "model": {"entrypoint": "farm.zoo.basic:mlp"},
+                             "inputs": ["float32[3,64]"], "targets": ["cpu"]})
+        assert client.wait(job["id"], timeout=600)["state"] == "succeeded"
+        assert "worker exited with -9; restarting it" in log.read_text()
+        workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                   if "worker" in _cmdline(c)]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
