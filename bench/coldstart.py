@@ -270,7 +270,7 @@ def plan(args: argparse.Namespace, workdir: Path) -> list[tuple[str, dict[str, A
                     False,
                 )
             )
-        formats = args.farm_formats or default_farm_formats()
+        formats = args.farm_formats or default_farm_formats(args.device)
         for name in args.farm_models:
             for fmt in formats:
                 rows.append(
@@ -425,11 +425,11 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines + goals(results, med, eager, jit))
 
 
-def default_farm_formats() -> list[str]:
-    from farm.compile import AOTI_MIN_TORCH, torch_version
+def default_farm_formats(device: str) -> list[str]:
+    """The formats the farm's worker on this host builds (farm.aoti_check)."""
+    from farm.aoti_check import aoti_loads_here
 
-    aoti = torch_version() >= min(AOTI_MIN_TORCH.values())
-    return ["aoti", "aot_compile"] if aoti else ["aot_compile"]
+    return ["aoti", "aot_compile"] if aoti_loads_here(device)[0] else ["aot_compile"]
 
 
 def extra_share(first: float, eager: float | None, jit: float | None) -> str:

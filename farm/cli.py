@@ -364,7 +364,7 @@ def _resolve_target(text: str) -> Target:
 
     if text.startswith("auto"):
         device = text.partition(":")[2] or None
-        return detect_local_target(device)
+        return detect_local_target(device, check_compiler=False)
     return Target.parse(text)
 
 

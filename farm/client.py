@@ -186,7 +186,8 @@ def as_target(target: Target | str | None, device: str | None = None) -> Target:
     if isinstance(target, Target):
         return target
     if target is None or target == "auto":
-        return detect_local_target(device)
+        # A node: what it can run depends on its CPU, not on a compiler.
+        return detect_local_target(device, check_compiler=False)
     return Target.parse(target)
 
 

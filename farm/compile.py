@@ -13,11 +13,14 @@
     ``no_grad`` with ``module.eval()``, training with grad enabled and
     ``module.train()``, where the backward graph is compiled ahead too.
 
-``aoti`` (CPU targets, inference only)
+``aoti`` (inference only, where ``farm.aoti_check`` finds that packages built
+on this host load here)
     ``torch.export`` + ``aoti_compile_and_package``: compiled kernels in a
     shared library. A CPU ``aot_compile`` artifact holds C++ source that the
     node recompiles with g++ at load (as slow as JIT, and impossible without a
-    compiler); the AOTI package loads without one. Built weight-free
+    compiler); the AOTI package loads without one, and on CUDA without the
+    dynamo and Inductor imports an ``aot_compile`` artifact costs a node
+    (4.4 s on the H200). Built weight-free
     (``package_constants_in_so=False``) and with every parameter and buffer
     kept as a named constant (``always_keep_tensor_constants``: otherwise
     inductor inlines scalars and tensors of up to a few elements into the
@@ -99,27 +102,32 @@ class CompiledArtifact:
         return {"path": str(self.path), "format": self.format, "meta": self.meta}
 
 
-# The oldest torch whose AOTI packages we have seen load. On torch
-# 2.11.0+cu130 (the H200 host) every AOTI package crashes (SIGSEGV) in
-# AOTIModelPackageLoader's constructor: CPU and CUDA, weights in the package
-# or not, torch's own aoti_load_package too (bench/probe_aoti_cuda.py,
-# bench/results/probe_aoti-torch2.11-*.log). CPU packages load on 2.12 and
-# 2.13; CUDA ones are built there as well and kept only if they pass
-# verification. Older torch builds aot_compile only, unless AOTI is asked for.
-AOTI_MIN_TORCH: dict[str, tuple[int, int]] = {"cpu": (2, 12), "cuda": (2, 12)}
-
-
 def torch_version() -> tuple[int, int]:
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
     return int(major), int(minor)
 
 
+def aoti_unavailable_reason(spec: JobSpec, device: str) -> str | None:
+    """Why a default build of ``spec`` for ``device`` gets no AOTI package
+    (None: it gets one). AOTI is inference-only, and it is only built where
+    packages built on this host load here (``farm.aoti_check``: on the H200
+    image they crash at load; a version gate was wrong, since the same torch
+    builds loadable packages elsewhere)."""
+    if spec.grad_mode is not GradMode.INFERENCE:
+        return "AOTI packages are inference-only"
+    from farm.aoti_check import aoti_loads_here
+
+    ok, why = aoti_loads_here(device)
+    if not ok:
+        return f"AOTI packages built on this host do not load here ({why}; farm.aoti_check)"
+    return None
+
+
 def default_formats(spec: JobSpec, device: str) -> tuple[str, ...]:
-    """aot_compile always; an AOTI package too for inference (AOTI has no
-    backward), where it is the better artifact: on CPU it loads with no C++
-    compiler on the node, on CUDA without importing dynamo and Inductor."""
-    oldest = AOTI_MIN_TORCH.get(device.split(":")[0])
-    if spec.grad_mode is GradMode.INFERENCE and oldest and torch_version() >= oldest:
+    """aot_compile always; an AOTI package too where it can be built and loaded
+    (see ``aoti_unavailable_reason``): on CPU it loads with no C++ compiler on
+    the node, on CUDA without importing dynamo and Inductor."""
+    if aoti_unavailable_reason(spec, device) is None:
         return (FORMAT_AOT_COMPILE, FORMAT_AOTI)
     return (FORMAT_AOT_COMPILE,)
 
@@ -139,7 +147,14 @@ def compile_artifacts(
     raises.
     """
     explicit = formats is not None
-    wanted = tuple(formats) if formats is not None else default_formats(spec, target_device)
+    skipped: dict[str, str] = {}
+    if formats is not None:
+        wanted = tuple(formats)
+    else:
+        no_aoti = aoti_unavailable_reason(spec, target_device)
+        wanted = (FORMAT_AOT_COMPILE,) if no_aoti else (FORMAT_AOT_COMPILE, FORMAT_AOTI)
+        if no_aoti and spec.grad_mode is GradMode.INFERENCE:
+            skipped[FORMAT_AOTI] = no_aoti
     unknown = [f for f in wanted if f not in ARTIFACT_FILES]
     if unknown:
         raise CompileError(f"unknown formats {unknown}; known: {', '.join(ARTIFACT_FILES)}")
@@ -163,7 +178,6 @@ def compile_artifacts(
     if device.type == "cpu":
         common["cpu_isa"] = inductor_isa()
     out: list[CompiledArtifact] = []
-    skipped: dict[str, str] = {}
     for fmt in wanted:
         path = out_dir / ARTIFACT_FILES[fmt]
         t0 = time.perf_counter()
@@ -654,6 +668,7 @@ __all__ = [
     "CompileError",
     "CompiledArtifact",
     "GuardPolicy",
+    "aoti_unavailable_reason",
     "compile_artifacts",
     "compile_job",
     "default_formats",

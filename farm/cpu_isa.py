@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 
-def detect_cpu_isa() -> str:
+def detect_cpu_isa(*, check_compiler: bool = True) -> str:
     """The vector ISA that Inductor bakes into CPU code on this machine.
 
     Inductor's pick (``pick_vec_isa``, which already folds in
@@ -33,21 +33,64 @@ def detect_cpu_isa() -> str:
     calls NEON and both SVE widths "asimd", and their code is not
     interchangeable.
 
-    Inductor's pick test-compiles a C++ program per candidate ISA (16 s of a
-    2-core fleet node's cold start with a fresh Inductor cache), so the answer
-    is kept per machine in a small JSON file (``FARM_ISA_CACHE``, see
-    ``_isa_cache_path``) under a key of everything it depends on
-    (``_isa_cache_key``); only the first process on a machine pays for it.
+    ``check_compiler`` (a compile worker describing what it builds for):
+    Inductor's pick test-compiles a C++ program per candidate ISA (14-16 s of
+    a 2-core machine's start with a fresh Inductor cache), so the answer is
+    kept per machine in a small JSON file (``FARM_ISA_CACHE``, see
+    ``_isa_cache_path``) under a key of everything it depends on.
+
+    Without it (a fleet node asking which artifacts it can run), on x86: the
+    same pick from the CPU's flags alone, which needs no compiler and takes
+    milliseconds; what a node can run depends on its CPU, not on whether it
+    could compile. Elsewhere the node uses Inductor's (cached) pick.
     """
-    isa = _cached_inductor_isa()
+    isa = "" if check_compiler else _x86_isa_from_cpu_flags()
+    if not isa:
+        isa = _cached_inductor_isa()
     if isa:
         return isa
-    # Inductor cannot compile here (no C++ compiler). An AOTInductor package
-    # still loads, and its kernels must have been built for what this CPU runs,
-    # which is ATen's dispatch level ("AVX2" -> "avx2", "SVE256" -> "sve256").
+    # Inductor has no pick (no C++ compiler, or no ISA it knows). An
+    # AOTInductor package still loads, and its kernels must have been built
+    # for what this CPU runs, which is ATen's dispatch level ("AVX2" -> "avx2").
     import torch
 
     return str(torch.backends.cpu.get_cpu_capability()).lower()
+
+
+# Inductor's x86 ISAs, widest first, by name (``str()`` of its VecISA classes,
+# whose words are the CPU flags each needs): pick_vec_isa takes the first
+# whose flags the CPU has, unless ATEN_CPU_CAPABILITY names a narrower one.
+_X86_ISAS = ("avx512 avx512_vnni amx_tile", "avx512 avx512_vnni", "avx512", "avx2")
+
+
+def _x86_isa_from_cpu_flags() -> str:
+    """``pick_vec_isa``'s answer on x86 from the CPU's flags as torch reads
+    them, without Inductor (whose pick needs a working compiler even to say
+    what the CPU has: AMX checks the compiler's version); "" elsewhere.
+    ``test_a_node_reads_the_isa_from_cpu_flags_without_a_compiler`` holds it
+    to Inductor's own pick."""
+    import torch
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ""
+    cpu = torch.cpu
+    try:
+        avx512 = bool(cpu._is_avx512_supported())
+        flags = {
+            "avx2": bool(cpu._is_avx2_supported()),
+            "avx512": avx512,
+            "avx512_vnni": avx512 and bool(cpu._is_vnni_supported()),
+            "amx_tile": bool(cpu._is_amx_tile_supported()),
+        }
+    except AttributeError:  # pragma: no cover - a torch without these probes
+        return ""
+    valid = [isa for isa in _X86_ISAS if all(flags[f] for f in isa.split())]
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability == "default":
+        return ""
+    if capability in ("avx2", "avx512"):
+        valid = [isa for isa in valid if capability in isa.split()] or valid
+    return valid[0] if valid else ""
 
 
 def _pick_inductor_isa() -> str:
@@ -108,7 +151,7 @@ def _cached_inductor_isa() -> str:
         key, compiler = _isa_cache_key()
     except Exception:  # pragma: no cover - defensive: a key we cannot build is a miss
         return _pick_inductor_isa()
-    entries = _read_isa_cache(path)
+    entries = read_cache_file(path)
     cached = entries.get(key)
     if cached is not None:
         return cached
@@ -121,19 +164,25 @@ def _cached_inductor_isa() -> str:
         entries[key] = isa
         while len(entries) > _ISA_CACHE_MAX_ENTRIES:
             del entries[next(iter(entries))]
-        _write_isa_cache(path, entries)
+        write_cache_file(path, entries)
     return isa
 
 
 def _isa_cache_path() -> Path | None:
     """Where the cache lives: ``$FARM_ISA_CACHE`` (a file; "off" disables it),
-    else ``${XDG_CACHE_HOME:-~/.cache}/torch-farm/cpu-isa.json``.
+    else ``${XDG_CACHE_HOME:-~/.cache}/torch-farm/cpu-isa.json``."""
+    return cache_file(ISA_CACHE_ENV, "cpu-isa.json")
+
+
+def cache_file(env_var: str, name: str) -> Path | None:
+    """A per-machine cache file: ``$<env_var>`` (a file; "off" disables it),
+    else ``${XDG_CACHE_HOME:-~/.cache}/torch-farm/<name>``.
 
     Not under ``farm.settings``' ``CLIENT_CACHE_DIR`` (default
     ``$FARM_HOME/cache``, the per-user artifact cache): that directory may be
     shared between machines, and reading the settings costs pydantic at import.
     """
-    env = os.environ.get(ISA_CACHE_ENV, "").strip()
+    env = os.environ.get(env_var, "").strip()
     if env.lower() == "off":
         return None
     if env:
@@ -144,7 +193,7 @@ def _isa_cache_path() -> Path | None:
         base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
     except RuntimeError:  # no home directory to be found
         return None
-    return base / "torch-farm" / "cpu-isa.json"
+    return base / "torch-farm" / name
 
 
 def _isa_cache_key() -> tuple[str, str]:
@@ -155,7 +204,7 @@ def _isa_cache_key() -> tuple[str, str]:
     """
     import torch
 
-    compiler = _cxx_identity()
+    compiler = cxx_identity()
     parts: dict[str, Any] = {
         "v": _ISA_CACHE_VERSION,
         "torch": torch.__version__,
@@ -217,7 +266,7 @@ def _cpu_flags_digest() -> str:
     return f"platform:{platform.processor()}/{platform.machine()}"
 
 
-def _cxx_identity() -> str:
+def cxx_identity() -> str:
     """The C++ compiler Inductor would use, as path, mtime and size (so an
     upgrade in place changes it); "none" when there is none.
 
@@ -239,7 +288,7 @@ def _cxx_identity() -> str:
     return "none"
 
 
-def _read_isa_cache(path: Path) -> dict[str, str]:
+def read_cache_file(path: Path) -> dict[str, str]:
     """The cache's entries; empty when the file is missing, unreadable or not
     ours (a corrupt file is then replaced by the next write)."""
     try:
@@ -255,7 +304,7 @@ def _read_isa_cache(path: Path) -> dict[str, str]:
     }
 
 
-def _write_isa_cache(path: Path, entries: dict[str, str]) -> None:
+def write_cache_file(path: Path, entries: dict[str, str]) -> None:
     """Replace the cache file atomically (temp file + ``os.replace``); errors
     are ignored. Concurrent writers: the last one wins."""
     tmp: str | None = None

@@ -215,8 +215,12 @@ def triton_major_minor() -> str | None:
     return None
 
 
-def detect_local_target(device: str | None = None) -> Target:
-    """Describe this machine as a target for ``device`` (default: cuda if present)."""
+def detect_local_target(device: str | None = None, *, check_compiler: bool = True) -> Target:
+    """Describe this machine as a target for ``device`` (default: cuda if present).
+
+    ``check_compiler=False`` is for a fleet node (see ``detect_cpu_isa``): its
+    CPU ISA comes from the CPU's flags, with no test compiles.
+    """
     import torch
 
     if device is None:
@@ -227,7 +231,10 @@ def detect_local_target(device: str | None = None) -> Target:
     }
     if device == "cpu":
         return Target(
-            device="cpu", cpu_isa=detect_cpu_isa(), threads=torch.get_num_threads(), **common
+            device="cpu",
+            cpu_isa=detect_cpu_isa(check_compiler=check_compiler),
+            threads=torch.get_num_threads(),
+            **common,
         )
     if device == "cuda":
         if not torch.cuda.is_available():

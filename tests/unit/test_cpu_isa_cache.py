@@ -222,3 +222,30 @@ def test_real_detection_twice(
         assert list(json.loads(isa_cache.read_text()).values()) == [first]
         assert detect_cpu_isa() == first
         assert calls == [first]
+
+
+def test_a_node_reads_the_isa_from_cpu_flags_without_a_compiler(tmp_path: Path) -> None:
+    """A fleet node's ISA (no test compiles) is the compile worker's on the same
+    machine, also with no C++ compiler on PATH, so the resolver matches them."""
+    import subprocess
+    import sys
+
+    from farm.sandbox import without_compilers
+
+    monkey_env = {k: v for k, v in without_compilers().items() if k != "CXX"}
+    monkey_env["FARM_ISA_CACHE"] = "off"
+    code = ("import time; from farm.cpu_isa import detect_cpu_isa; t = time.perf_counter(); "
+            "isa = detect_cpu_isa(check_compiler=False); "
+            "print(isa); print(time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], env=monkey_env, capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+    isa, seconds = out.stdout.split("\n")[:2]
+    assert isa == _real_pick()
+    assert float(seconds) < 5  # no test compiles (those take 14-16 s on 2 cores)
+
+
+def _real_pick() -> str:
+    import os
+
+    os.environ.pop("CXX", None)  # the fixture's fake compiler
+    return target._pick_inductor_isa()
