@@ -17,6 +17,8 @@ machine under a key of torch, the C++ compiler and the device
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -25,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,19 @@ def aoti_loads_here(device: str) -> tuple[bool, str]:
     hit = entries.get(key)
     if hit is not None:
         return hit == OK, hit
+    with _machine_lock(path):
+        # Workers starting together on one machine: one probes, the others
+        # wait for its answer instead of compiling beside it.
+        entries = read_cache_file(path) if path is not None else {}
+        hit = entries.get(key)
+        if hit is not None:
+            return hit == OK, hit
+        return _probe_and_store(device, path, key, entries)
+
+
+def _probe_and_store(
+    device: str, path: Path | None, key: str, entries: dict[str, str]
+) -> tuple[bool, str]:
     answer, definitive = _probe(device)
     if definitive and path is not None:
         entries.pop(key, None)
@@ -62,6 +78,23 @@ def aoti_loads_here(device: str) -> tuple[bool, str]:
         log.warning("AOTI packages built on this host for %s do not load here (%s): "
                     "building aot_compile artifacts only", device, answer)
     return answer == OK, answer
+
+
+@contextlib.contextmanager
+def _machine_lock(path: Path | None) -> Iterator[None]:
+    """An exclusive lock next to the cache file (none without a cache)."""
+    if path is None:
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _key(device: str) -> str:

@@ -107,6 +107,10 @@ def torch_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+# compile_artifacts' default: ask farm.aoti_check in this process.
+CHECK_AOTI = "check"
+
+
 def aoti_unavailable_reason(spec: JobSpec, device: str) -> str | None:
     """Why a default build of ``spec`` for ``device`` gets no AOTI package
     (None: it gets one). AOTI is inference-only, and it is only built where
@@ -117,7 +121,10 @@ def aoti_unavailable_reason(spec: JobSpec, device: str) -> str | None:
         return "AOTI packages are inference-only"
     from farm.aoti_check import aoti_loads_here
 
-    ok, why = aoti_loads_here(device)
+    try:
+        ok, why = aoti_loads_here(device)
+    except Exception as exc:  # the check's own trouble must not fail the build
+        ok, why = False, f"the check failed: {type(exc).__name__}: {exc}"
     if not ok:
         return f"AOTI packages built on this host do not load here ({why}; farm.aoti_check)"
     return None
@@ -138,20 +145,23 @@ def compile_artifacts(
     out_dir: Path,
     *,
     formats: Sequence[str] | None = None,
+    aoti_unavailable: str | None = CHECK_AOTI,
 ) -> list[CompiledArtifact]:
     """Compile ``spec`` for ``target_device`` (this machine's) into ``out_dir``.
 
     With ``formats`` None, ``default_formats``; a default AOTI package that
     cannot be built is left out (the reason goes into the aot_compile
     artifact's meta under ``aoti_skipped``); an explicitly requested one
-    raises.
+    raises. ``aoti_unavailable`` is ``aoti_unavailable_reason``'s answer when
+    the caller has it (None: AOTI can be built); by default it is asked here.
     """
     explicit = formats is not None
     skipped: dict[str, str] = {}
     if formats is not None:
         wanted = tuple(formats)
     else:
-        no_aoti = aoti_unavailable_reason(spec, target_device)
+        no_aoti = (aoti_unavailable_reason(spec, target_device)
+                   if aoti_unavailable == CHECK_AOTI else aoti_unavailable)
         wanted = (FORMAT_AOT_COMPILE,) if no_aoti else (FORMAT_AOT_COMPILE, FORMAT_AOTI)
         if no_aoti and spec.grad_mode is GradMode.INFERENCE:
             skipped[FORMAT_AOTI] = no_aoti
@@ -664,6 +674,7 @@ def describe_artifacts(arts: Sequence[CompiledArtifact]) -> str:
 
 __all__ = [
     "ARTIFACT_FILES",
+    "CHECK_AOTI",
     "AOTIUnsupported",
     "CompileError",
     "CompiledArtifact",

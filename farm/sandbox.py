@@ -64,7 +64,8 @@ SCRUBBED_PREFIXES = ("AWS_", "S3_", "MINIO_", "AZURE_", "PG", "CELERY_")
 # The farm's own configuration goes too (every variable ``farm.settings``
 # reads, and the workers' knobs): it names the database, the broker, the
 # bucket and where the signing key and SQLite file live (FARM_HOME).
-FARM_KNOBS = frozenset({"FARM_VISIBILITY_TIMEOUT_S", "FARM_REQUEUE_AFTER_S"})
+FARM_KNOBS = frozenset({"FARM_VISIBILITY_TIMEOUT_S", "FARM_REQUEUE_AFTER_S",
+                        "FARM_ISA_CACHE", "FARM_AOTI_CHECK_CACHE"})
 # Anything that looks like a secret by name goes too.
 SCRUBBED_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY")
 

@@ -29,8 +29,11 @@ def compile_env(build_dir: str | Path) -> dict[str, str]:
 
 
 def compile_step(payload: dict[str, Any]) -> dict[str, Any]:
-    from farm.compile import compile_artifacts
+    from farm.compile import CHECK_AOTI, compile_artifacts
 
     spec = JobSpec.from_json(payload["spec"])
-    arts = compile_artifacts(spec, payload["device"], Path(payload["out_dir"]))
+    # The worker answers farm.aoti_check outside the sandbox (it is the
+    # host's question, and must not spend the model's time limit).
+    arts = compile_artifacts(spec, payload["device"], Path(payload["out_dir"]),
+                             aoti_unavailable=payload.get("aoti_unavailable", CHECK_AOTI))
     return {"artifacts": [{"path": str(a.path), "format": a.format, "meta": a.meta} for a in arts]}

@@ -27,6 +27,13 @@ def run_worker(
         t = detect_local_target(device)
         queue, target = t.queue, str(t)
         print(f"compile worker for target {t}", flush=True)
+        # Before taking work: the first time on a machine this builds and
+        # loads a tiny AOTI package (seconds to a minute), which would
+        # otherwise run beside the first build and eat into its limits.
+        from farm.aoti_check import aoti_loads_here
+
+        ok, why = aoti_loads_here(t.device)
+        print(f"AOTI packages built here {'load' if ok else 'do not load'} ({why})", flush=True)
     else:
         raise SystemExit(f"unknown worker kind {kind!r}; known: trace, compile")
     lifecycle.configure(kind=kind, queue=queue, target=target)

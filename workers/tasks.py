@@ -158,17 +158,21 @@ def compile_task(self: Task, build_key: str, target_text: str) -> None:
 
 
 def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint: str) -> None:
+    from farm.compile import aoti_unavailable_reason
     from farm.verify import verify_artifact
 
     db = context.database()
     store = context.blob_store()
     s = context.settings()
     with tempfile.TemporaryDirectory(prefix="farm-build-") as tmp:
+        # Once per machine (cached), before the clock: the host's question.
+        no_aoti = aoti_unavailable_reason(spec, target.device)
         t0 = time.monotonic()
         out_dir = Path(tmp) / "out"
         res = run_isolated(
             "farm.steps:compile_step",
-            {"spec": spec.to_json(), "device": target.device, "out_dir": str(out_dir)},
+            {"spec": spec.to_json(), "device": target.device, "out_dir": str(out_dir),
+             "aoti_unavailable": no_aoti},
             timeout_s=s.build_timeout_s,
             memory_mb=s.build_memory_mb,
             env_extra=compile_env(tmp),
