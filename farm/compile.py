@@ -102,11 +102,6 @@ class CompiledArtifact:
         return {"path": str(self.path), "format": self.format, "meta": self.meta}
 
 
-def torch_version() -> tuple[int, int]:
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
-
-
 # compile_artifacts' default: ask farm.aoti_check in this process.
 CHECK_AOTI = "check"
 
@@ -130,15 +125,6 @@ def aoti_unavailable_reason(spec: JobSpec, device: str) -> str | None:
     return None
 
 
-def default_formats(spec: JobSpec, device: str) -> tuple[str, ...]:
-    """aot_compile always; an AOTI package too where it can be built and loaded
-    (see ``aoti_unavailable_reason``): on CPU it loads with no C++ compiler on
-    the node, on CUDA without importing dynamo and Inductor."""
-    if aoti_unavailable_reason(spec, device) is None:
-        return (FORMAT_AOT_COMPILE, FORMAT_AOTI)
-    return (FORMAT_AOT_COMPILE,)
-
-
 def compile_artifacts(
     spec: JobSpec,
     target_device: str,
@@ -149,7 +135,9 @@ def compile_artifacts(
 ) -> list[CompiledArtifact]:
     """Compile ``spec`` for ``target_device`` (this machine's) into ``out_dir``.
 
-    With ``formats`` None, ``default_formats``; a default AOTI package that
+    With ``formats`` None: aot_compile, and an AOTI package too unless
+    ``aoti_unavailable_reason`` says why not (on CPU it loads with no C++
+    compiler on the node, on CUDA without importing dynamo and Inductor); one that
     cannot be built is left out (the reason goes into the aot_compile
     artifact's meta under ``aoti_skipped``); an explicitly requested one
     raises. ``aoti_unavailable`` is ``aoti_unavailable_reason``'s answer when
@@ -682,5 +670,4 @@ __all__ = [
     "aoti_unavailable_reason",
     "compile_artifacts",
     "compile_job",
-    "default_formats",
 ]
