@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from farm.sandbox import compilers_on_path, run_isolated, without_compilers  # noqa: E402
-from farm.specs import JobSpec  # noqa: E402
+from farm.build.sandbox import compilers_on_path, run_isolated, without_compilers  # noqa: E402
+from farm.core.specs import JobSpec  # noqa: E402
 
 MODELS: dict[str, tuple[str, dict[str, Any], str]] = {
     # name: (entrypoint, kwargs, input spec)
@@ -77,7 +77,7 @@ def job(model: str, *, mode: str = "default") -> JobSpec:
 
 
 def scenario(payload: dict[str, Any]) -> dict[str, Any]:
-    """Runs in a fresh process (farm.sandbox). Times count from the process's start."""
+    """Runs in a fresh process (farm.build.sandbox). Times count from the process's start."""
     import resource
 
     import psutil
@@ -86,8 +86,8 @@ def scenario(payload: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     t_import = time.time()
-    from farm.modelref import apply_grad_mode, build_module, example_inputs
-    from farm.specs import GradMode
+    from farm.core.modelref import apply_grad_mode, build_module, example_inputs
+    from farm.core.specs import GradMode
 
     spec = JobSpec.from_json(payload["spec"])
     device = payload["device"]
@@ -97,7 +97,7 @@ def scenario(payload: dict[str, Any]) -> dict[str, Any]:
         # The fleet node's path: start resolve, download, verification and the
         # imports loading needs in the background, then load the weights (here:
         # build the model) as the node does anyway, then bind.
-        from farm.client import FarmClient, prefetch_compiled
+        from farm.node.client import FarmClient, prefetch_compiled
 
         handle = prefetch_compiled(
             model=payload["farm_model"],
@@ -139,7 +139,7 @@ def scenario(payload: dict[str, Any]) -> dict[str, Any]:
             out["reason"] = getattr(fn, "reason", None)
             out["timings"] = dict(handle.timings)
         elif kind == "farm":
-            from farm.loader import load_artifact
+            from farm.node.loader import load_artifact
 
             t0 = time.time()
             fn = load_artifact(payload["artifact"], payload["format"], module=model)
@@ -208,7 +208,7 @@ def run_child(payload: dict[str, Any], *, no_compiler: bool = False) -> dict[str
             "FARM_HOME": f"{cache}/farm",
         }
         if payload.get("isa_cache") == "cold":
-            # The first process on a machine: farm.cpu_isa test-compiles the ISA.
+            # The first process on a machine: farm.core.cpu_isa test-compiles the ISA.
             extra["FARM_ISA_CACHE"] = f"{cache}/cpu-isa.json"
         res = run_isolated(
             "bench.coldstart:scenario",
@@ -230,7 +230,7 @@ def run_child(payload: dict[str, Any], *, no_compiler: bool = False) -> dict[str
 def build(spec: JobSpec, device: str, out_dir: Path) -> dict[str, dict[str, Any]]:
     t0 = time.time()
     res = run_isolated(
-        "farm.compile:compile_job",
+        "farm.build.compile:compile_job",
         {"spec": spec.to_json(), "device": device, "out_dir": str(out_dir)},
         timeout_s=TIMEOUT_S,
         memory_mb=MEMORY_MB,
@@ -426,8 +426,8 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def default_farm_formats(device: str) -> list[str]:
-    """The formats the farm's worker on this host builds (farm.aoti_check)."""
-    from farm.aoti_check import aoti_loads_here
+    """The formats the farm's worker on this host builds (farm.build.aoti_check)."""
+    from farm.build.aoti_check import aoti_loads_here
 
     return ["aoti", "aot_compile"] if aoti_loads_here(device)[0] else ["aot_compile"]
 
@@ -539,8 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.farm_url and args.device == "cpu":
         # Fleet rows other than the "first process" one run as later processes
-        # of a node: the per-machine CPU ISA cache (farm.cpu_isa) is filled.
-        from farm.target import detect_local_target
+        # of a node: the per-machine CPU ISA cache (farm.core.cpu_isa) is filled.
+        from farm.core.target import detect_local_target
 
         detect_local_target("cpu")
     with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:

@@ -88,7 +88,7 @@ def start_farm(
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "serve.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "farm.cli", "serve", "--embedded", "--port", str(port)],
+        [sys.executable, "-m", "farm.app.cli", "serve", "--embedded", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="leave the farm running (pid in home)")
     a = p.parse_args(argv)
 
-    from farm.client import FarmClient
+    from farm.node.client import FarmClient
 
     port = free_port()
     proc, env = start_farm(a.home, port, a.device)

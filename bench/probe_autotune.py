@@ -30,7 +30,7 @@ MODELS = {
 
 
 def spec_for(model: str, mode: str):  # type: ignore[no-untyped-def]
-    from farm.specs import JobSpec
+    from farm.core.specs import JobSpec
 
     entry, inputs = MODELS[model]
     return JobSpec.from_json(
@@ -59,7 +59,7 @@ def census(cache: Path, since: float | None = None) -> dict[str, int | list[str]
 def do_compile(out: Path, model: str, mode: str, device: str) -> None:
     import torch
 
-    from farm.compile import compile_artifacts
+    from farm.build.compile import compile_artifacts
 
     t0 = time.time()
     arts = compile_artifacts(spec_for(model, mode), device, out, formats=["aot_compile"])
@@ -90,9 +90,9 @@ def do_compile(out: Path, model: str, mode: str, device: str) -> None:
 def do_load(out: Path, model: str, mode: str, device: str, variant: str) -> None:
     import torch
 
-    from farm.loader import load_artifact
-    from farm.modelref import apply_grad_mode, build_module, example_inputs
-    from farm.specs import GradMode
+    from farm.core.modelref import apply_grad_mode, build_module, example_inputs
+    from farm.core.specs import GradMode
+    from farm.node.loader import load_artifact
 
     cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     spec = spec_for(model, mode)
@@ -159,7 +159,7 @@ def main() -> int:
         return 0
     work = Path(tempfile.mkdtemp(prefix="probe-"))
     common = ["--model", a.model, "--mode", a.mode, "--device", a.device, "--dir", str(work)]
-    from farm.steps import compile_env
+    from farm.build.steps import compile_env
 
     subprocess.run(
         [sys.executable, __file__, "compile", *common],

@@ -630,8 +630,8 @@ class Farm:
                 c.execute(f'DROP DATABASE IF EXISTS "{self.pg_db}" WITH (FORCE)')
 
     def seed(self) -> None:
-        from farm.specs import JobSpec
-        from farm.target import Target
+        from farm.core.specs import JobSpec
+        from farm.core.target import Target
         from registry import auth, service
         from registry.blobstore import LocalBlobStore
         from registry.db import Database, upgrade
@@ -716,7 +716,7 @@ class Server:
         self.port = _free_port()
         self.log_path = farm.work / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-m", "farm.cli", "serve", "--host", HOST,
+        cmd = [sys.executable, "-m", "farm.app.cli", "serve", "--host", HOST,
                "--port", str(self.port), "--workers", str(workers)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=farm.env(blob_store_url=blob_store_url,

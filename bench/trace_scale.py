@@ -6,7 +6,7 @@ Each measurement is a fresh Python process doing the whole job, so time counts
 from the process's start (interpreter and ``import torch`` included) and peak RSS
 is that process's ``ru_maxrss``:
 
-- farm: ``farm.trace.trace()`` on the Llama 70B shape (build on meta, capture the
+- farm: ``farm.build.trace.trace()`` on the Llama 70B shape (build on meta, capture the
   full graph with Dynamo, fingerprint, count params/bytes/FLOPs).
 - baseline: the bare reference, ``torch.export.export`` of the same model built
   under FakeTensorMode (no fingerprint, no FLOPs, no graph-break detection).
@@ -55,8 +55,8 @@ def child_farm(args: argparse.Namespace) -> dict[str, Any]:
     t_start = _process_start()
     import torch  # noqa: F401  (counted in import_s, as a trace worker pays it)
 
-    from farm.specs import JobSpec, ModelRef, parse_inputs
-    from farm.trace import trace
+    from farm.build.trace import trace
+    from farm.core.specs import JobSpec, ModelRef, parse_inputs
 
     t_imported = time.time()
     spec = JobSpec(

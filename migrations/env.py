@@ -28,7 +28,7 @@ def _database_url() -> str:
     )
     if url:
         return url
-    from farm.settings import get_settings
+    from farm.core.settings import get_settings
 
     return get_settings().resolved_database_url()
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlparse
 
-from farm.digests import fsync_dir, sha256_file, validate_digest
+from farm.core.digests import fsync_dir, sha256_file, validate_digest
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

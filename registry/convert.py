@@ -1,6 +1,6 @@
 """ORM rows to plain entities and back.
 
-Rows store specs in their canonical text forms (``farm.specs.format_inputs``,
+Rows store specs in their canonical text forms (``farm.core.specs.format_inputs``,
 ``CompileOptions.canonical``, ``str(Target)``); these functions are the only
 place that turns them back into values, so a row that does not parse fails
 here, loudly, and never reaches the resolver.
@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from farm.specs import (
+from farm.core.specs import (
     CompileOptions,
     GradMode,
     SpecError,
@@ -21,7 +21,7 @@ from farm.specs import (
     format_inputs,
     parse_input_list,
 )
-from farm.target import Target, TargetError
+from farm.core.target import Target, TargetError
 from registry import models
 from registry.entities import FORMATS, ArtifactRecord
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from farm.specs import CompileOptions, GradMode, TensorSpec
-from farm.target import Target
+from farm.core.specs import CompileOptions, GradMode, TensorSpec
+from farm.core.target import Target
 
 # Artifact formats. "aot_compile": torch.compile(...).aot_compile bytes, loaded
 # with torch.compiler.load_compiled_function. "aoti": an AOTInductor package

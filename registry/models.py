@@ -2,7 +2,7 @@
 
 Identity rules that the constraints enforce:
 - one artifact per (build_key, format); the build key hashes fingerprint,
-  input specs, grad mode, options and target (``farm.specs.build_key``), so a
+  input specs, grad mode, options and target (``farm.core.specs.build_key``), so a
   duplicate artifact for the same inputs and target cannot exist;
 - one blob digest may back several artifact rows only if their build keys
   differ (the bytes are content-addressed, the rows are not);
@@ -123,7 +123,7 @@ class Job(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-    inputs: Mapped[str] = mapped_column(Text)  # canonical, farm.specs.format_inputs
+    inputs: Mapped[str] = mapped_column(Text)  # canonical, farm.core.specs.format_inputs
     grad_mode: Mapped[str] = mapped_column(String(16))
     options: Mapped[str] = mapped_column(Text)  # canonical JSON
     # queued -> tracing -> compiling -> succeeded | failed | partial

@@ -56,7 +56,7 @@ breaks (``Rejection.code`` names the rule, ``Rejection.reason`` is one of the
 13. ``options``     when ``options`` is given, mode, backend and guard filter all
                     equal. When it is None, any options are accepted (see the order).
 14. ``inputs``      the artifact's input specs cover the requested ones
-                    (``farm.specs.inputs_cover``): same count, dtypes and ranks,
+                    (``farm.core.specs.inputs_cover``): same count, dtypes and ranks,
                     and every requested dim, static or a range, inside the
                     artifact's (a dynamic range serves every shape inside it).
 
@@ -89,7 +89,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from farm.specs import (
+from farm.core.specs import (
     COMPILE_MODES,
     GUARD_FILTERS,
     CompileOptions,
@@ -98,7 +98,7 @@ from farm.specs import (
     format_inputs,
     inputs_cover,
 )
-from farm.target import Target
+from farm.core.target import Target
 from registry.entities import FORMATS, ArtifactRecord
 
 # Rejection codes, in the order the rules run.

@@ -23,7 +23,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from farm.specs import (
+from farm.core.specs import (
     CompileOptions,
     GradMode,
     JobSpec,
@@ -33,7 +33,7 @@ from farm.specs import (
     canonical_json,
     format_inputs,
 )
-from farm.target import Target, TargetError, TargetSelector
+from farm.core.target import Target, TargetError, TargetSelector
 from registry import models as m
 from registry.convert import artifact_to_record
 from registry.db import Database

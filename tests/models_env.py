@@ -53,7 +53,7 @@ def slow_once(marker: str, seconds: float = 60.0, dim: int = 8, out: int = 4) ->
     """Sleeps ``seconds`` the first time it is called (when ``marker`` does not
     exist yet, which it then creates): a trace that is still running when the
     test kills its worker, and quick everywhere after. The module is
-    ``farm.zoo.broken:linear(dim, out)``'s: the same graph, so the same build."""
+    ``tests.models.broken:linear(dim, out)``'s: the same graph, so the same build."""
     path = Path(marker)
     if not path.exists():
         path.write_text(str(os.getpid()))

@@ -13,7 +13,7 @@ import os
 from celery import Celery
 from kombu import Queue
 
-from farm.settings import get_settings
+from farm.core.settings import get_settings
 from workers.routing import TASK_ROUTES, TRACE_QUEUE
 
 

@@ -10,8 +10,8 @@ import os
 import socket
 from functools import lru_cache
 
-from farm.settings import Settings, get_settings
-from farm.target import Target, detect_local_target
+from farm.core.settings import Settings, get_settings
+from farm.core.target import Target, detect_local_target
 from registry.blobstore import BlobStore, open_blob_store
 from registry.db import Database
 

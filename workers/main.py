@@ -16,7 +16,7 @@ def run_worker(
     loglevel: str = "INFO",
     hostname: str | None = None,
 ) -> None:
-    from farm.target import detect_local_target
+    from farm.core.target import detect_local_target
     from workers import lifecycle
     from workers.app import app
     from workers.routing import TRACE_QUEUE
@@ -30,7 +30,7 @@ def run_worker(
         # Before taking work: the first time on a machine this builds and
         # loads a tiny AOTI package (seconds to a minute), which would
         # otherwise run beside the first build and eat into its limits.
-        from farm.aoti_check import aoti_loads_here
+        from farm.build.aoti_check import aoti_loads_here
 
         ok, why = aoti_loads_here(t.device)
         print(f"AOTI packages built here {'load' if ok else 'do not load'} ({why})", flush=True)

@@ -8,11 +8,13 @@ target's queue.
 
 from __future__ import annotations
 
-from farm.target import Target
+from farm.core.target import Target
+from registry.dispatch import COMPILE_TASK, TRACE_QUEUE, TRACE_TASK
 
-TRACE_QUEUE = "trace"
-TRACE_TASK = "farm.trace"
-COMPILE_TASK = "farm.compile"
+__all__ = [
+    "COMPILE_TASK", "SWEEP_TASK", "TASK_ROUTES", "TRACE_QUEUE", "TRACE_TASK", "compile_queue",
+]
+
 SWEEP_TASK = "farm.sweep"
 
 

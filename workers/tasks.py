@@ -18,10 +18,10 @@ from celery import Task
 from celery.exceptions import Retry
 from sqlalchemy.exc import OperationalError
 
-from farm.sandbox import SandboxResult, run_isolated
-from farm.specs import JobSpec
-from farm.steps import compile_env
-from farm.target import Target
+from farm.build.sandbox import SandboxResult, run_isolated
+from farm.build.steps import compile_env
+from farm.core.specs import JobSpec
+from farm.core.target import Target
 from registry import service
 from registry.db import DatabaseUnavailable
 from workers import context
@@ -94,7 +94,7 @@ def trace_task(self: Task, job_id: str) -> None:
         log.info("job %s is past tracing; nothing to do", job_id)
         return
     res = run_isolated(
-        "farm.steps:trace_step",
+        "farm.build.steps:trace_step",
         {"spec": spec.to_json()},
         timeout_s=s.trace_timeout_s,
         memory_mb=s.build_memory_mb,
@@ -158,8 +158,8 @@ def compile_task(self: Task, build_key: str, target_text: str) -> None:
 
 
 def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint: str) -> None:
-    from farm.compile import aoti_unavailable_reason
-    from farm.verify import verify_artifact
+    from farm.build.compile import aoti_unavailable_reason
+    from farm.build.verify import verify_artifact
 
     db = context.database()
     store = context.blob_store()
@@ -170,7 +170,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         t0 = time.monotonic()
         out_dir = Path(tmp) / "out"
         res = run_isolated(
-            "farm.steps:compile_step",
+            "farm.build.steps:compile_step",
             {"spec": spec.to_json(), "device": target.device, "out_dir": str(out_dir),
              "aoti_unavailable": no_aoti},
             timeout_s=s.build_timeout_s,

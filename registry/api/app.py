@@ -17,7 +17,8 @@ from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from farm.settings import Settings, get_settings
+from farm.core.settings import Settings, get_settings
+from registry import dispatch
 from registry.auth import Authenticator, AuthError, bearer_token
 from registry.blobstore import BlobStore, open_blob_store
 from registry.db import Database, DatabaseUnavailable
@@ -53,16 +54,7 @@ Errors are JSON: `{"detail": "<what went wrong>"}`.
 
 
 def default_enqueue(job_id: str) -> None:
-    """Send the trace task by name, as ``workers.tasks.enqueue_trace`` would.
-
-    By name, so the API process never imports the task code (and the sandbox
-    and model tooling behind it); imported on first use, so an API that never
-    submits (a read replica, a test) never touches the broker.
-    """
-    from workers.app import app as celery_app
-    from workers.routing import TRACE_QUEUE, TRACE_TASK
-
-    celery_app.send_task(TRACE_TASK, args=(job_id,), queue=TRACE_QUEUE)
+    dispatch.enqueue_trace(job_id)
 
 
 def _apply_access_log_setting() -> None:

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse,
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
-from farm.digests import InvalidDigest, validate_digest
+from farm.core.digests import InvalidDigest, validate_digest
 from registry import service
 from registry.blobstore import (
     CHUNK_SIZE,

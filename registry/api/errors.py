@@ -16,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 
-from farm.specs import SpecError
-from farm.target import TargetError
+from farm.core.specs import SpecError
+from farm.core.target import TargetError
 from registry.auth import AuthError
 from registry.blobstore import BlobNotFound, BlobStoreError
 from registry.db import Conflict, DatabaseUnavailable, SchemaOutOfDate

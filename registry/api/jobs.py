@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from farm.specs import JobSpec, SpecError
+from farm.core.specs import JobSpec, SpecError
 from registry import service
 from registry.db import Conflict
 

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from registry import service
-from workers.routing import TRACE_QUEUE
+from registry.dispatch import TRACE_QUEUE
 
 from .state import AppState
 

@@ -20,8 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 
-from farm.specs import CompileOptions, GradMode, SpecError, TensorSpec, format_inputs, parse_inputs
-from farm.target import Target
+from farm.core.specs import (
+    CompileOptions,
+    GradMode,
+    SpecError,
+    TensorSpec,
+    format_inputs,
+    parse_inputs,
+)
+from farm.core.target import Target
 from registry import resolver, service
 from registry.db import DatabaseUnavailable
 from registry.entities import FORMATS, ArtifactRecord

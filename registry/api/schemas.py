@@ -44,7 +44,7 @@ INVALID: Responses = {
 PROTECTED: Responses = {**AUTH, **INVALID}
 
 # Grammars, documented in the OpenAPI document (json_schema_extra) rather than
-# enforced by FastAPI: farm.specs and farm.target check them and say what is
+# enforced by FastAPI: farm.core.specs and farm.core.target check them and say what is
 # wrong in words a pattern cannot.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"

@@ -12,8 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from farm.settings import Settings
-from farm.signing import (
+from farm.core.settings import Settings
+from farm.core.signing import (
     key_id,
     load_or_create_signing_key,
     load_private_key,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from farm.settings import Settings
+from farm.core.settings import Settings
 from registry.auth import Authenticator
 from registry.blobstore import DEFAULT_PRESIGN_EXPIRES_S, BlobStore
 from registry.db import Database

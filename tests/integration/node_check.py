@@ -27,11 +27,11 @@ def main() -> None:
 
     import torch
 
-    from farm.client import FarmClient
-    from farm.loader import load_artifact
-    from farm.modelref import build_module
-    from farm.specs import GradMode, ModelRef, parse_inputs
-    from farm.target import detect_local_target
+    from farm.core.modelref import build_module
+    from farm.core.specs import GradMode, ModelRef, parse_inputs
+    from farm.core.target import detect_local_target
+    from farm.node.client import FarmClient
+    from farm.node.loader import load_artifact
 
     specs = parse_inputs(a.input)
     grad = GradMode.TRAINING if a.train else GradMode.INFERENCE

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from farm import aoti_check
+from farm.build import aoti_check
 
 pytestmark = pytest.mark.integration
 

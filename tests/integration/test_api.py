@@ -26,10 +26,10 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
-from farm.settings import Settings
-from farm.signing import verify_artifact_signature
-from farm.specs import JobSpec
-from farm.target import Target
+from farm.core.settings import Settings
+from farm.core.signing import verify_artifact_signature
+from farm.core.specs import JobSpec
+from farm.core.target import Target
 from registry import auth, service
 from registry import models as m
 from registry.api import create_app
@@ -533,7 +533,7 @@ def test_auth_disabled_for_embedded_mode(db_url: str, tmp_path: Path) -> None:
 
 
 def test_signing_key_from_settings(db_url: str, tmp_path: Path) -> None:
-    from farm.signing import generate_keypair
+    from farm.core.signing import generate_keypair
 
     private, public = generate_keypair()
     key_file = tmp_path / "k.pem"

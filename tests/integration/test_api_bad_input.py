@@ -124,7 +124,7 @@ def test_missing_field_and_bad_json(seeded: Api) -> None:
 
 def test_version_rebound_to_another_entrypoint_conflicts(seeded: Api) -> None:
     before = row_counts(seeded.db)
-    r = seeded.post("/v1/jobs", json=spec_json(version="1", entrypoint="farm.specs:JobSpec"))
+    r = seeded.post("/v1/jobs", json=spec_json(version="1", entrypoint="farm.core.specs:JobSpec"))
     refused(seeded, r, 409, "already exists", before=before)
 
 

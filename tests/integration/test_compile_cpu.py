@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from farm.sandbox import run_isolated
-from farm.specs import JobSpec
-from farm.verify import VerifyReport, verify_artifact
+from farm.build.sandbox import run_isolated
+from farm.build.verify import VerifyReport, verify_artifact
+from farm.core.specs import JobSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ def compile_in_child(spec: JobSpec, out_dir: Path, formats: list[str] | None = N
     payload: dict[str, Any] = {"spec": spec.to_json(), "device": "cpu", "out_dir": str(out_dir)}
     if formats is not None:
         payload["formats"] = formats
-    return run_isolated("farm.compile:compile_job", payload, timeout_s=TIMEOUT_S,
+    return run_isolated("farm.build.compile:compile_job", payload, timeout_s=TIMEOUT_S,
                         memory_mb=MEMORY_MB)
 
 
@@ -109,7 +109,7 @@ def test_training_artifact_runs_backward_with_eagers_gradients(tmp_path: Path) -
     assert not report.first_call_compiled  # the backward was compiled ahead too
 
     res = compile_in_child(spec, tmp_path / "aoti", ["aoti"])
-    assert not res.ok and res.error_type == "farm.compile.CompileError"
+    assert not res.ok and res.error_type == "farm.build.compile.CompileError"
 
 
 def test_dynamic_batch_artifact_serves_two_sizes(tmp_path: Path) -> None:
@@ -146,7 +146,7 @@ def test_tensor_literal_gets_no_aoti_package_but_an_aot_compile_one(tmp_path: Pa
     assert set(arts) == {"aot_compile"}
     assert "register_buffer" in arts["aot_compile"]["meta"]["aoti_skipped"]
     res = compile_in_child(spec, tmp_path / "explicit", ["aoti"])
-    assert not res.ok and res.error_type == "farm.compile.AOTIUnsupported"
+    assert not res.ok and res.error_type == "farm.build.compile.AOTIUnsupported"
 
 
 def test_verifier_rejects_an_artifact_for_another_model(
@@ -172,8 +172,8 @@ def test_autotune_bundle_loads_and_installs_its_configs(
     itself needs a GPU; bench/gpu_farm.py proves it on the H200."""
     import shutil
 
-    from farm.compile import bundle_autotune
-    from farm.loader import is_bundle
+    from farm.build.compile import bundle_autotune
+    from farm.node.loader import is_bundle
 
     spec, arts = mlp_inference
     path = tmp_path / "bundle.bin"
@@ -187,7 +187,7 @@ def test_autotune_bundle_loads_and_installs_its_configs(
     assert report.max_abs_err is not None and report.max_abs_err <= (report.tol or 0)
 
     # Installing refuses entries that would escape the cache dir.
-    from farm.loader import ArtifactLoadError, install_autotune_configs
+    from farm.node.loader import ArtifactLoadError, install_autotune_configs
 
     with pytest.raises(ArtifactLoadError):
         install_autotune_configs({"../../evil.best_config": b"{}"})

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, func, select, text
 
-from farm.specs import CompileOptions, GradMode, parse_inputs
-from farm.target import Target
+from farm.core.specs import CompileOptions, GradMode, parse_inputs
+from farm.core.target import Target
 from registry import models as m
 from registry.convert import BadRow, artifact_row
 from registry.db import (

@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from farm.cache import ArtifactCache
-from farm.client import FarmClient
-from farm.target import detect_local_target
+from farm.core.target import detect_local_target
+from farm.node.cache import ArtifactCache
+from farm.node.client import FarmClient
 from tests.fixtures.farm import ROOT, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -42,7 +42,7 @@ def test_embedded_farm_builds_serves_and_stops_its_workers(tmp_path: Path) -> No
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "farm.cli", "serve", "--embedded", "--port", str(port)],
+            [sys.executable, "-m", "farm.app.cli", "serve", "--embedded", "--port", str(port)],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
         )
     try:

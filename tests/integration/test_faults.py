@@ -57,7 +57,7 @@ def faults(make_farm: MakeFarm) -> Iterator[FaultFarm]:
 
 
 def linear(name: str, dim: int, version: str = "1") -> dict[str, Any]:
-    return farm_spec(name, version, "farm.zoo.broken:linear", inputs=[f"float32[2,{dim}]"],
+    return farm_spec(name, version, "tests.models.broken:linear", inputs=[f"float32[2,{dim}]"],
                      kwargs={"in_features": dim, "out_features": 4}, grad_mode="training")
 
 
@@ -246,15 +246,15 @@ def built(faults: FaultFarm) -> dict[str, Any]:
 
 
 def public_pem(f: FaultFarm) -> str:
-    from farm.signing import load_private_key, public_key_pem
+    from farm.core.signing import load_private_key, public_key_pem
 
     return public_key_pem(load_private_key(Path(f.env["FARM_SIGNING_KEY"])))
 
 
 def node_client(f: FaultFarm, cache_dir: Path, url: str | None = None,
                 public_key: str | None = None) -> Any:
-    from farm.cache import ArtifactCache
-    from farm.client import FarmClient
+    from farm.node.cache import ArtifactCache
+    from farm.node.client import FarmClient
 
     return FarmClient(url or f.url, ADMIN_TOKEN, public_key=public_key or public_pem(f),
                       cache=ArtifactCache(cache_dir, 1 << 30), retries=0)
@@ -269,7 +269,7 @@ def resolve(client: Any, built: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture
 def never_loaded(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Fails the test if anything reaches the unpickling loader."""
-    import farm.loader
+    import farm.node.loader
 
     calls: list[Any] = []
 
@@ -277,7 +277,7 @@ def never_loaded(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         calls.append(args)
         raise AssertionError("an unverified artifact reached load_artifact")
 
-    monkeypatch.setattr(farm.loader, "load_artifact", refuse)
+    monkeypatch.setattr(farm.node.loader, "load_artifact", refuse)
     return calls
 
 
@@ -290,7 +290,7 @@ def flip_a_byte(data: bytes) -> bytes:
 def test_blob_changed_in_s3_is_detected_and_never_loaded(
     faults: FaultFarm, built: dict[str, Any], tmp_path: Path, never_loaded: list[Any]
 ) -> None:
-    from farm.client import IntegrityError
+    from farm.node.client import IntegrityError
 
     digest = built["artifact"]["digest"]
     key = faults.blob_key(digest)
@@ -321,7 +321,7 @@ def test_blob_changed_on_disk_is_detected_by_api_and_client(
     blob that was rewritten in place, after it had been served and verified
     once, with its size and mtime kept: the API re-hashes it and aborts the
     download, and the node refuses it."""
-    from farm.client import FarmError
+    from farm.node.client import FarmError
     from registry.blobstore import LocalBlobStore
 
     digest = built["artifact"]["digest"]
@@ -333,7 +333,7 @@ def test_blob_changed_on_disk_is_detected_by_api_and_client(
     env = {**faults.env, "BLOB_STORE_URL": store.url, "DATABASE_URL": faults.db_url}
     log = tmp_path / "api-file.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "farm.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "farm.app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
         env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
         start_new_session=True, cwd=ROOT)
     faults.procs["api-file"] = proc
@@ -370,8 +370,8 @@ def test_blob_changed_on_disk_is_detected_by_api_and_client(
 def test_tampered_or_unsigned_artifact_is_refused(
     faults: FaultFarm, built: dict[str, Any], tmp_path: Path, never_loaded: list[Any]
 ) -> None:
-    from farm.client import IntegrityError
-    from farm.signing import generate_keypair
+    from farm.core.signing import generate_keypair
+    from farm.node.client import IntegrityError
 
     with node_client(faults, tmp_path / "node") as client:
         resolved = resolve(client, built)

@@ -51,7 +51,7 @@ BAD: dict[str, tuple[str, dict[str, Any], str, str, float]] = {
     "hangs-in-compile": ("tests.models_env:stage_bomb", {"how": "hang", "at": "compile",
                                                           "dim": 9},
                          "compile", "timed out after", BUILD_TIMEOUT_S),
-    "hangs": ("farm.zoo.broken:hanging_model", {}, "trace", "timed out after", TRACE_TIMEOUT_S),
+    "hangs": ("tests.models.broken:hanging_model", {}, "trace", "timed out after", TRACE_TIMEOUT_S),
     "eats-memory-in-compile": ("tests.models_env:stage_bomb",
                                {"how": "hog", "at": "compile", "dim": 10},
                                "compile", "exceeded its memory limit", 0),
@@ -64,10 +64,10 @@ BAD: dict[str, tuple[str, dict[str, Any], str, str, float]] = {
                               {"how": "hog", "at": "verify", "dim": 12},
                               "verify", "failed verification: verifier exceeded its memory "
                               "limit", 0),
-    "raises": ("farm.zoo.broken:raising_factory", {}, "trace", "factory failed on purpose", 0),
-    "aborts": ("farm.zoo.broken:crashing_model", {"how": "abort"}, "trace",
+    "raises": ("tests.models.broken:raising_factory", {}, "trace", "factory failed on purpose", 0),
+    "aborts": ("tests.models.broken:crashing_model", {"how": "abort"}, "trace",
                "crashed with signal SIGABRT", 0),
-    "eats-memory": ("farm.zoo.broken:hungry_model", {"chunk_mb": 64}, "trace",
+    "eats-memory": ("tests.models.broken:hungry_model", {"chunk_mb": 64}, "trace",
                     "exceeded its memory limit", 0),
 }
 

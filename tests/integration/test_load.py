@@ -27,7 +27,7 @@ CONCURRENCY = 32  # submissions in flight at once
 
 def spec(k: int) -> dict[str, Any]:
     dim = 20 + k
-    return farm_spec(f"load-{k}", "1", "farm.zoo.broken:linear", inputs=[f"float32[2,{dim}]"],
+    return farm_spec(f"load-{k}", "1", "tests.models.broken:linear", inputs=[f"float32[2,{dim}]"],
                      kwargs={"in_features": dim, "out_features": 4}, grad_mode="training")
 
 

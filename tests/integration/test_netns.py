@@ -86,7 +86,7 @@ def test_link_cut_mid_compile_is_redelivered_to_another_host(
     hosts: tuple[FaultFarm, Netns],
 ) -> None:
     farm, net = hosts
-    job_id = farm.submit(farm_spec("netns", "1", "farm.zoo.broken:linear",
+    job_id = farm.submit(farm_spec("netns", "1", "tests.models.broken:linear",
                                    inputs=["float32[2,13]"],
                                    kwargs={"in_features": 13, "out_features": 4},
                                    grad_mode="training"))

@@ -129,10 +129,10 @@ def test_training_artifact_gives_eager_gradients(farm: Farm) -> None:
 
 def test_broken_models_fail_with_reasons_and_worker_keeps_serving(farm: Farm) -> None:
     gb = farm.submit(
-        job_spec("gb", "1", "farm.zoo.broken:graph_break_model", inputs=["float32[4,16]"])
+        job_spec("gb", "1", "tests.models.broken:graph_break_model", inputs=["float32[4,16]"])
     )
     raising = farm.submit(
-        job_spec("raising", "1", "farm.zoo.broken:raising_factory", inputs=["float32[4,16]"])
+        job_spec("raising", "1", "tests.models.broken:raising_factory", inputs=["float32[4,16]"])
     )
     job = farm.wait_job(gb)
     assert job["state"] == "failed"

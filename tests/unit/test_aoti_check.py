@@ -1,4 +1,4 @@
-"""farm.aoti_check: whether AOTI packages built on this host load here, once per machine."""
+"""farm.build.aoti_check: whether AOTI packages built on this host load here, once per machine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from farm import aoti_check
+from farm.build import aoti_check
 
 _calls: list[str] = []
 

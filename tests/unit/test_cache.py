@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.cache import ArtifactCache, CacheCorrupt, InvalidDigest
+from farm.node.cache import ArtifactCache, CacheCorrupt, InvalidDigest
 
 
 def sha(data: bytes) -> str:

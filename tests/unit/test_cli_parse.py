@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from farm import cli
-from farm.specs import TensorSpec
+from farm.app import cli
+from farm.core.specs import TensorSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,26 +146,26 @@ def test_demo_gets_its_own_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
     seen: list[list[str]] = []
-    fake = types.ModuleType("farm.demo")
+    fake = types.ModuleType("farm.app.demo")
 
     def demo_main(argv: list[str]) -> int:
         seen.append(argv)
         return 0
 
     fake.main = demo_main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "farm.demo", fake)
+    monkeypatch.setitem(sys.modules, "farm.app.demo", fake)
     assert cli.main(["demo", "--keep", "--size", "small"]) == 0
     assert seen == [["--keep", "--size", "small"]]
 
 
 def test_farm_help_works() -> None:
-    r = subprocess.run([sys.executable, "-m", "farm.cli", "--help"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "farm.app.cli", "--help"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
     for command in ("serve", "submit", "status", "resolve", "fetch", "prefetch", "models",
                     "targets", "alias", "token", "worker", "db", "demo"):
         assert command in r.stdout
-    r = subprocess.run([sys.executable, "-m", "farm.cli", "submit", "--help"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "farm.app.cli", "submit", "--help"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--kwargs" in r.stdout
 
@@ -202,7 +202,7 @@ def test_submit_wait_shows_progress_and_fails_with_one_line(
 def test_resolve_miss_lists_rejections_then_one_error_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from farm.client import NotFoundError
+    from farm.node.client import NotFoundError
 
     class Fake:
         def resolve(self, *a: object, **kw: object) -> object:

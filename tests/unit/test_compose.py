@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from farm.cli import build_parser
-from farm.settings import Settings
+from farm.app.cli import build_parser
+from farm.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 FARM_SERVICES = ("migrate", "api", "trace-worker", "cpu-compile-worker", "gpu-compile-worker")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from farm import cpu_isa as target
-from farm.cpu_isa import detect_cpu_isa
+from farm.core import cpu_isa as target
+from farm.core.cpu_isa import detect_cpu_isa
 
 
 @pytest.fixture(autouse=True)
@@ -230,11 +230,11 @@ def test_a_node_reads_the_isa_from_cpu_flags_without_a_compiler(tmp_path: Path) 
     import subprocess
     import sys
 
-    from farm.sandbox import without_compilers
+    from farm.build.sandbox import without_compilers
 
     monkey_env = {k: v for k, v in without_compilers().items() if k != "CXX"}
     monkey_env["FARM_ISA_CACHE"] = "off"
-    code = ("import time; from farm.cpu_isa import detect_cpu_isa; t = time.perf_counter(); "
+    code = ("import time; from farm.core.cpu_isa import detect_cpu_isa; t = time.perf_counter(); "
             "isa = detect_cpu_isa(check_compiler=False); "
             "print(isa); print(time.perf_counter() - t)")
     out = subprocess.run([sys.executable, "-c", code], env=monkey_env, capture_output=True,

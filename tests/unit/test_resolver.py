@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from farm.specs import CompileOptions, GradMode, TensorSpec, parse_inputs
-from farm.target import Target
+from farm.core.specs import CompileOptions, GradMode, TensorSpec, parse_inputs
+from farm.core.target import Target
 from registry import resolver
 from registry.entities import ArtifactRecord
 from registry.resolver import Rejection, Resolution, resolve

@@ -1,4 +1,4 @@
-"""farm.sandbox: a child's time-out, crash, memory-out, exception and
+"""farm.build.sandbox: a child's time-out, crash, memory-out, exception and
 environment, each observed from the parent. The child targets are the
 underscore functions below (the child imports this module)."""
 
@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from farm.sandbox import compilers_on_path, run_isolated, scrubbed_env, without_compilers
+from farm.build.sandbox import compilers_on_path, run_isolated, scrubbed_env, without_compilers
 
 HERE = "tests.unit.test_sandbox"
 
@@ -177,7 +177,7 @@ def test_without_compilers_hides_every_compiler() -> None:
 def test_a_model_too_big_for_the_build_gpu_fails_early_with_numbers() -> None:
     import torch
 
-    from farm.compile import ModelDoesNotFit, check_fits, tensor_bytes
+    from farm.build.compile import ModelDoesNotFit, check_fits, tensor_bytes
 
     with torch.device("meta"):
         big = torch.nn.Linear(1024, 1024, dtype=torch.bfloat16)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from farm.signing import (
+from farm.core.signing import (
     DOMAIN,
     SignatureInvalid,
     SigningKeyError,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from farm.specs import (
+from farm.core.specs import (
     DTYPES,
     MAX_DIMS,
     CompileOptions,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from farm.target import (
+from farm.core.target import (
     Target,
     TargetError,
     TargetSelector,

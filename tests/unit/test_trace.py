@@ -1,4 +1,4 @@
-"""farm.trace, farm.fingerprint, farm.modelref and the zoo models they run on.
+"""farm.build.trace, farm.core.fingerprint, farm.core.modelref and the zoo models they run on.
 
 Everything here is weight-free and CPU-only; the slowest part is the two
 subprocesses that check the fingerprint across interpreters."""
@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 import torch
 
-import farm.zoo.broken as broken
-from farm.modelref import (
+import tests.models.broken as broken
+from farm.build.trace import CaptureError, DynamicDimError, GraphBreakError, TraceReport, trace
+from farm.core.modelref import (
     ModelBuildError,
     ModelImportError,
     build_module,
     load_callable,
     materialize,
 )
-from farm.specs import CompileOptions, GradMode, JobSpec, ModelRef, parse_inputs
-from farm.trace import CaptureError, DynamicDimError, GraphBreakError, TraceReport, trace
+from farm.core.specs import CompileOptions, GradMode, JobSpec, ModelRef, parse_inputs
 from farm.zoo.llama import PRESETS, llama, param_count
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def tiny_llama(**kw: Any) -> JobSpec:
 
 
 def mlp(inputs: str = "float32[4,16]", **kw: Any) -> JobSpec:
-    return job("farm.zoo.broken:mlp", [inputs], **kw)
+    return job("tests.models.broken:mlp", [inputs], **kw)
 
 
 # --- fingerprint ----------------------------------------------------------------------
@@ -62,8 +62,8 @@ def mlp(inputs: str = "float32[4,16]", **kw: Any) -> JobSpec:
 
 FINGERPRINT_SCRIPT = """
 import json, sys
-from farm.specs import JobSpec
-from farm.trace import trace
+from farm.core.specs import JobSpec
+from farm.build.trace import trace
 print(json.dumps(trace(JobSpec.from_json(json.loads(sys.argv[1]))).to_json()))
 """
 
@@ -130,7 +130,7 @@ def _line_of(marker: str, path: str) -> int:
 
 def test_graph_break_names_reason_and_user_source_line() -> None:
     with pytest.raises(GraphBreakError) as info:
-        trace(job("farm.zoo.broken:graph_break_model", ["float32[4,16]"]))
+        trace(job("tests.models.broken:graph_break_model", ["float32[4,16]"]))
     err = info.value
     expected = f"{broken.__file__}:{_line_of('GRAPH_BREAK_LINE', broken.__file__)}"
     assert err.location == expected
@@ -140,7 +140,7 @@ def test_graph_break_names_reason_and_user_source_line() -> None:
 
 def test_raising_factory_gives_model_build_error_with_traceback() -> None:
     with pytest.raises(ModelBuildError) as info:
-        trace(job("farm.zoo.broken:raising_factory", ["float32[4,16]"], message="boom 42"))
+        trace(job("tests.models.broken:raising_factory", ["float32[4,16]"], message="boom 42"))
     err = info.value
     assert "boom 42" in str(err)
     assert "raising_factory" in err.traceback_text
@@ -177,13 +177,13 @@ def test_factory_returning_a_non_module_is_a_build_error() -> None:
 
 
 def test_dynamic_dim_the_model_specialises_is_reported() -> None:
-    spec = job("farm.zoo.broken:specializing_model", ["float32[4..32,16]"])
+    spec = job("tests.models.broken:specializing_model", ["float32[4..32,16]"])
     with pytest.raises(DynamicDimError) as info:
         trace(spec)
     assert "specialized" in info.value.reason
     assert info.value.location is not None and info.value.location.startswith(broken.__file__)
     # The same model with a static batch is fine.
-    trace(job("farm.zoo.broken:specializing_model", ["float32[4,16]"]))
+    trace(job("tests.models.broken:specializing_model", ["float32[4,16]"]))
 
 
 def test_inputs_the_model_cannot_take_are_a_capture_error_not_a_graph_break() -> None:
@@ -233,7 +233,7 @@ def test_llama_flops_match_eager_flop_counter() -> None:
 
 @pytest.mark.parametrize("shape", [[8, 64], [2, 8, 64]])
 def test_linear_flops_are_2mnk(shape: list[int]) -> None:
-    spec = job("farm.zoo.broken:linear", [f"float32[{','.join(map(str, shape))}]"],
+    spec = job("tests.models.broken:linear", [f"float32[{','.join(map(str, shape))}]"],
                in_features=64, out_features=32)
     m = 1
     for d in shape[:-1]:
@@ -242,7 +242,7 @@ def test_linear_flops_are_2mnk(shape: list[int]) -> None:
 
 
 def test_dynamic_dims_are_accepted_and_flops_use_the_example_size() -> None:
-    report = trace(job("farm.zoo.broken:linear", ["float32[2..64,64]"],
+    report = trace(job("tests.models.broken:linear", ["float32[2..64,64]"],
                        in_features=64, out_features=32))
     assert report.flops == 2 * 2 * 32 * 64  # at the example (lowest) size
     llama_dyn = trace(job("farm.zoo.llama:llama", ["int64[2..8,16]"], preset="tiny"))
@@ -250,9 +250,9 @@ def test_dynamic_dims_are_accepted_and_flops_use_the_example_size() -> None:
 
 
 def test_free_function_and_decorated_forward_trace() -> None:
-    fn = trace(job("farm.zoo.broken:add_one", ["float32[4,4]"], kind="function"))
+    fn = trace(job("tests.models.broken:add_one", ["float32[4,4]"], kind="function"))
     assert fn.param_count == 0 and fn.graph_nodes >= 2
-    deco = trace(job("farm.zoo.broken:decorated_forward_model", ["float32[4,16]"]))
+    deco = trace(job("tests.models.broken:decorated_forward_model", ["float32[4,16]"]))
     assert deco.param_count == 16 * 16 + 16
 
 

@@ -20,14 +20,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from farm.settings import Settings, get_settings
+from farm.core.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
 
 def prepare(settings: Settings | None = None) -> Settings:
     """Create FARM_HOME, migrate the database and make the signing key."""
-    from farm.signing import load_or_create_signing_key
+    from farm.core.signing import load_or_create_signing_key
     from registry.db import upgrade
 
     s = settings or get_settings()
@@ -142,7 +142,7 @@ def worker_processes(
                                   daemon=True)
     try:
         for kind, device in [("trace", None)] + [("compile", d) for d in devices]:
-            argv = [sys.executable, "-m", "farm.cli", "worker", kind]
+            argv = [sys.executable, "-m", "farm.app.cli", "worker", kind]
             if device:
                 argv += ["--device", device]
             name = f"worker-{kind}{'-' + device if device else ''}.log"

@@ -12,7 +12,7 @@ package, loads and runs it in a child process, and remembers the answer per
 machine under a key of torch, the C++ compiler and the device
 (``FARM_AOTI_CHECK_CACHE``, else ``~/.cache/torch-farm/aoti-check.json``).
 
-    python -m farm.aoti_check [cpu|cuda]     # run the check now, print the answer
+    python -m farm.build.aoti_check [cpu|cuda]     # run the check now, print the answer
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from farm.cpu_isa import cache_file, cxx_identity, read_cache_file, write_cache_file
+from farm.core.cpu_isa import cache_file, cxx_identity, read_cache_file, write_cache_file
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,8 @@ def _probe(device: str) -> tuple[str, bool]:
         for step, timeout in steps:
             try:
                 res = subprocess.run(
-                    [sys.executable, "-m", "farm.aoti_check", f"--{step}", device, str(package)],
+                    [sys.executable, "-m", "farm.build.aoti_check", f"--{step}", device,
+                     str(package)],
                     capture_output=True, text=True, timeout=timeout,
                 )
             except subprocess.TimeoutExpired:
@@ -154,7 +155,7 @@ def _build(device: str, package: Path) -> None:
     x = torch.randn(4, 16, device=device)
     with torch.no_grad():
         ep = torch.export.export(model, (x,), strict=False)
-    # As farm.compile.compile_aoti builds them: weight-free.
+    # As farm.build.compile.compile_aoti builds them: weight-free.
     torch._inductor.aoti_compile_and_package(
         ep, package_path=str(package),
         inductor_configs={"aot_inductor.package_constants_in_so": False,
@@ -165,7 +166,7 @@ def _build(device: str, package: Path) -> None:
 def _load(device: str, package: Path) -> None:
     import torch
 
-    from farm.loader import FORMAT_AOTI, load_artifact
+    from farm.node.loader import FORMAT_AOTI, load_artifact
 
     model = _tiny(device)
     x = torch.randn(4, 16, device=device)

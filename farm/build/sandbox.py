@@ -1,7 +1,7 @@
 """Run model code in a child process, under a time and a memory limit.
 
 User model code (factories, forward methods) and torch's compilers run in a
-fresh Python process started with ``python -m farm.sandbox``. The parent (a
+fresh Python process started with ``python -m farm.build.sandbox``. The parent (a
 Celery worker, a test) never imports the model, so a segfault, a leak or an
 endless compile costs one child, not the worker.
 
@@ -61,7 +61,7 @@ SCRUBBED = frozenset({
 })
 # libpq's PG* variables reach the database with no URL at all (PGHOST, PGUSER).
 SCRUBBED_PREFIXES = ("AWS_", "S3_", "MINIO_", "AZURE_", "PG", "CELERY_")
-# The farm's own configuration goes too (every variable ``farm.settings``
+# The farm's own configuration goes too (every variable ``farm.core.settings``
 # reads, and the workers' knobs): it names the database, the broker, the
 # bucket and where the signing key and SQLite file live (FARM_HOME).
 FARM_KNOBS = frozenset({"FARM_VISIBILITY_TIMEOUT_S", "FARM_REQUEUE_AFTER_S",
@@ -133,7 +133,7 @@ def scrubbed_env(
 
 @functools.lru_cache(maxsize=1)
 def _farm_settings() -> frozenset[str]:
-    from farm.settings import Settings
+    from farm.core.settings import Settings
 
     return frozenset(name.upper() for name in Settings.model_fields) | FARM_KNOBS
 
@@ -181,7 +181,7 @@ def run_isolated(
         t0 = time.monotonic()
         with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "farm.sandbox", target, str(tmpdir), str(os.getpid())],
+                [sys.executable, "-m", "farm.build.sandbox", target, str(tmpdir), str(os.getpid())],
                 stdin=subprocess.DEVNULL,
                 stdout=out_f,
                 stderr=err_f,
@@ -444,7 +444,7 @@ def child_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) not in (3, 4):
-        print("usage: python -m farm.sandbox package.module:function TMPDIR [PARENT_PID]",
+        print("usage: python -m farm.build.sandbox package.module:function TMPDIR [PARENT_PID]",
               file=sys.stderr)
         sys.exit(2)
     # os._exit skips interpreter teardown: torch's atexit handlers and compile

@@ -1,7 +1,7 @@
 """Deliberately broken models for tests and fault drills. All tiny.
 
 Each factory takes no required arguments so a job spec can name it directly,
-e.g. ``farm.zoo.broken:graph_break_model`` with input ``float32[4,16]``.
+e.g. ``tests.models.broken:graph_break_model`` with input ``float32[4,16]``.
 """
 
 from __future__ import annotations

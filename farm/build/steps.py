@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from farm.specs import JobSpec
+from farm.core.specs import JobSpec
 
 
 def trace_step(payload: dict[str, Any]) -> dict[str, Any]:
-    from farm.trace import trace
+    from farm.build.trace import trace
 
     report = trace(JobSpec.from_json(payload["spec"]))
     return report.to_json()
@@ -29,10 +29,10 @@ def compile_env(build_dir: str | Path) -> dict[str, str]:
 
 
 def compile_step(payload: dict[str, Any]) -> dict[str, Any]:
-    from farm.compile import CHECK_AOTI, compile_artifacts
+    from farm.build.compile import CHECK_AOTI, compile_artifacts
 
     spec = JobSpec.from_json(payload["spec"])
-    # The worker answers farm.aoti_check outside the sandbox (it is the
+    # The worker answers farm.build.aoti_check outside the sandbox (it is the
     # host's question, and must not spend the model's time limit).
     arts = compile_artifacts(spec, payload["device"], Path(payload["out_dir"]),
                              aoti_unavailable=payload.get("aoti_unavailable", CHECK_AOTI))

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from farm.specs import GradMode, ModelRef, TensorSpec
+from farm.core.specs import GradMode, ModelRef, TensorSpec
 
 log = logging.getLogger(__name__)
 

@@ -49,21 +49,21 @@ def node(argv: list[str]) -> int:
     import psutil
 
     started = psutil.Process().create_time()
-    p = argparse.ArgumentParser(prog="farm.demo node")
+    p = argparse.ArgumentParser(prog="farm.app.demo node")
     p.add_argument("--mode", choices=("eager", "jit", "farm"), required=True)
     p.add_argument("--url")
     a = p.parse_args(argv)
 
     import torch
 
-    from farm.modelref import build_module
-    from farm.specs import ModelRef, TensorSpec
+    from farm.core.modelref import build_module
+    from farm.core.specs import ModelRef, TensorSpec
 
     handle = None
     if a.mode == "farm":
         # Resolve, download and verify in the background while the node loads
         # its weights, as a fleet node would.
-        from farm.client import FarmClient, prefetch_compiled
+        from farm.node.client import FarmClient, prefetch_compiled
 
         handle = prefetch_compiled(
             model=MODEL,
@@ -119,7 +119,7 @@ def _run_node(mode: str, url: str, work: Path) -> dict[str, Any]:
         "FARM_HOME": str(cache / "farm"),
     }
     out = subprocess.run(
-        [sys.executable, "-m", "farm.demo", "node", "--mode", mode, "--url", url],
+        [sys.executable, "-m", "farm.app.demo", "node", "--mode", mode, "--url", url],
         env=env,
         capture_output=True,
         text=True,
@@ -151,7 +151,7 @@ def _start_farm(home: Path, port: int) -> subprocess.Popen[bytes]:
     env.update({"FARM_HOME": str(home), "FARM_EMBEDDED_DEVICES": "cpu", "PYTHONUNBUFFERED": "1"})
     log = open(home / "serve.log", "ab")  # noqa: SIM115
     return subprocess.Popen(
-        [sys.executable, "-m", "farm.cli", "serve", "--embedded", "--port", str(port)],
+        [sys.executable, "-m", "farm.app.cli", "serve", "--embedded", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     a = p.parse_args(argv)
 
-    from farm.client import FarmClient
+    from farm.node.client import FarmClient
 
     work = Path(tempfile.mkdtemp(prefix="farm-demo-"))
     home = a.home or work / "home"

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from farm.specs import CompileOptions, GradMode, TensorSpec, format_inputs
+from farm.core.specs import CompileOptions, GradMode, TensorSpec, format_inputs
 
 FORMAT = "torch-farm-fingerprint/1"
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import quote, unquote
 
-from farm.cpu_isa import detect_cpu_isa
+from farm.core.cpu_isa import detect_cpu_isa
 
 DEVICES = ("cpu", "cuda")
 _FIELD_ORDER = ("gpu", "cc", "cuda", "triton", "python", "torch", "isa", "threads")

@@ -53,15 +53,15 @@ import torch
 import torch.fx
 from torch import nn
 
-from farm import fingerprint as fp
-from farm.modelref import (
+from farm.core import fingerprint as fp
+from farm.core.modelref import (
     apply_grad_mode,
     build_module,
     example_inputs,
     grad_context,
     iter_named_tensors,
 )
-from farm.specs import JobSpec
+from farm.core.specs import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class TraceReport:
 def trace(spec: JobSpec, *, regions: bool = True) -> TraceReport:
     """Build ``spec.model`` weight-free and capture its full graph.
 
-    Raises ``ModelImportError``/``ModelBuildError`` (from farm.modelref) when the
+    Raises ``ModelImportError``/``ModelBuildError`` (from farm.core.modelref) when the
     model cannot be built, ``GraphBreakError`` or ``DynamicDimError`` when its graph
     cannot be captured whole, and ``CaptureError`` for anything else Dynamo
     rejects (e.g. the model fails on inputs of the given shapes).

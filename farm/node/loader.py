@@ -1,6 +1,6 @@
 """Load a farm artifact on a fleet node and get a callable that takes the inputs.
 
-Two formats (``farm.compile`` writes both for CPU targets):
+Two formats (``farm.build.compile`` writes both for CPU targets):
 
 ``aot_compile``
     ``torch.compile(...).aot_compile`` bytes, loaded with
@@ -97,7 +97,7 @@ class BoundArtifact:
 
 # A farm aot_compile blob is either torch's own bytes or, when the compile
 # worker tuned kernels on the target GPU, a zip bundle of those bytes and the
-# autotuning results (see ``farm.compile.bundle_autotune``).
+# autotuning results (see ``farm.build.compile.bundle_autotune``).
 BUNDLE_MAGIC = b"PK\x03\x04"
 BUNDLE_ARTIFACT = "aot_compile.bin"
 BUNDLE_AUTOTUNE_DIR = "autotune/"

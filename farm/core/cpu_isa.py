@@ -178,7 +178,7 @@ def cache_file(env_var: str, name: str) -> Path | None:
     """A per-machine cache file: ``$<env_var>`` (a file; "off" disables it),
     else ``${XDG_CACHE_HOME:-~/.cache}/torch-farm/<name>``.
 
-    Not under ``farm.settings``' ``CLIENT_CACHE_DIR`` (default
+    Not under ``farm.core.settings``' ``CLIENT_CACHE_DIR`` (default
     ``$FARM_HOME/cache``, the per-user artifact cache): that directory may be
     shared between machines, and reading the settings costs pydantic at import.
     """

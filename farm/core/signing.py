@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from farm.digests import validate_digest
+from farm.core.digests import validate_digest
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ with an empty Inductor (and Triton) cache, and for a CPU AOTI package no C++
 compiler on PATH either: a cold node. The child
 
 1. builds the real model: meta, ``to_empty``, seeded random init
-   (``farm.modelref``), in the grad mode the artifact is for;
+   (``farm.core.modelref``), in the grad mode the artifact is for;
 2. runs eager on the example inputs (and, for each dynamic dim, one more
    size in its range) and, for training, a backward with seeded cotangents;
 3. loads the artifact with that module's weights and runs the same calls;
@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from farm.sandbox import compilers_on_path, run_isolated, without_compilers
-from farm.specs import Dim, GradMode, JobSpec, TensorSpec
+from farm.build.sandbox import compilers_on_path, run_isolated, without_compilers
+from farm.core.specs import Dim, GradMode, JobSpec, TensorSpec
 
 SEED = 1234  # weights and inputs of a verification run; any fixed value will do
 STEADY_CALLS = 10
@@ -194,7 +194,7 @@ def verify_artifact(
             "cache_dir": cache,
         }
         res = run_isolated(
-            "farm.verify:verify_step", payload, timeout_s=timeout_s, memory_mb=memory_mb,
+            "farm.build.verify:verify_step", payload, timeout_s=timeout_s, memory_mb=memory_mb,
             env=env, env_extra=extra,
         )
     finally:
@@ -330,8 +330,8 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.utils._pytree as pytree
 
-    from farm.loader import load_artifact
-    from farm.modelref import apply_grad_mode, build_module, example_inputs, grad_context
+    from farm.core.modelref import apply_grad_mode, build_module, example_inputs, grad_context
+    from farm.node.loader import load_artifact
 
     import_s = time.perf_counter() - t_import
     spec = JobSpec.from_json(payload["spec"])

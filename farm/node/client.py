@@ -2,16 +2,16 @@
 
 One call makes a module run on the farm's artifact for its inputs::
 
-    import farm.client
+    import farm.node.client
 
-    fn = farm.client.compiled(model, model="llama-1b", ref="prod",
+    fn = farm.node.client.compiled(model, model="llama-1b", ref="prod",
                               example_inputs=["bfloat16[8,512]"])
     out = fn(x)          # the artifact, or JIT torch.compile if the farm had none
 
 A node that loads weights anyway can start the farm's part first and let the
 two overlap (the load path, see ``prefetch_compiled``)::
 
-    handle = farm.client.prefetch_compiled(model="llama-1b", ref="prod",
+    handle = farm.node.client.prefetch_compiled(model="llama-1b", ref="prod",
                                            example_inputs=["bfloat16[8,512]"],
                                            device="cuda", grad_mode="inference")
     model = build_model().cuda(); model.load_state_dict(torch.load(...))
@@ -49,9 +49,9 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 
-from farm.cache import ArtifactCache, CacheCorrupt, CacheError, validate_digest
-from farm.specs import GradMode, JobSpec, SpecError, TensorSpec, parse_inputs
-from farm.target import Target, TargetError, detect_local_target
+from farm.core.specs import GradMode, JobSpec, SpecError, TensorSpec, parse_inputs
+from farm.core.target import Target, TargetError, detect_local_target
+from farm.node.cache import ArtifactCache, CacheCorrupt, CacheError, validate_digest
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -214,7 +214,7 @@ class FarmClient:
         require_signature: bool = True,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        from farm.settings import get_settings
+        from farm.core.settings import get_settings
 
         settings = get_settings()
         self.url = (url or settings.farm_url).rstrip("/")
@@ -417,7 +417,7 @@ class FarmClient:
 
     def public_key(self) -> Ed25519PublicKey:
         """The key artifacts must be signed with (see the module docstring)."""
-        from farm.signing import SigningKeyError, load_public_key
+        from farm.core.signing import SigningKeyError, load_public_key
 
         with self._key_lock:
             if self._public_key is not None:
@@ -437,7 +437,7 @@ class FarmClient:
         return self.cache.root / "trusted-keys" / f"{name}.pem"
 
     def _pinned_key(self) -> Ed25519PublicKey:
-        from farm.signing import key_id, load_public_key, public_key_pem
+        from farm.core.signing import key_id, load_public_key, public_key_pem
 
         pin = self._pin_path()
         if pin.exists():
@@ -468,7 +468,7 @@ class FarmClient:
     def verify_signature(self, artifact: Mapping[str, Any]) -> None:
         """Raise ``IntegrityError`` unless the farm's key signed this artifact's
         digest and metadata. Needs no bytes: call it before downloading."""
-        from farm.signing import SignatureInvalid, verify_artifact_signature
+        from farm.core.signing import SignatureInvalid, verify_artifact_signature
 
         try:
             digest = validate_digest(artifact.get("digest"))
@@ -548,7 +548,7 @@ class FarmClient:
 
     def load(self, resolved: Mapping[str, Any], *, module: Any = None) -> Callable[..., Any]:
         """Fetch and verify (see ``fetch``), then load the artifact."""
-        from farm.loader import load_artifact
+        from farm.node.loader import load_artifact
 
         artifact = resolved.get("artifact", resolved)
         path = self.fetch(resolved)
@@ -724,7 +724,7 @@ class CompiledHandle:
             self._import_thread.join()
         t0 = time.perf_counter()
         try:
-            from farm.loader import load_artifact
+            from farm.node.loader import load_artifact
 
             fn = load_artifact(pre.path, pre.format, module=module_or_fn)
         except Exception as exc:

@@ -52,8 +52,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm import digests
-from farm.digests import fsync_dir, sha256_file
+from farm.core import digests
+from farm.core.digests import fsync_dir, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class ArtifactCache:
 
     @classmethod
     def from_settings(cls) -> ArtifactCache:
-        from farm.settings import get_settings
+        from farm.core.settings import get_settings
 
         s = get_settings()
         return cls(s.resolved_cache_dir(), s.client_cache_max_bytes)

@@ -13,7 +13,7 @@
     ``no_grad`` with ``module.eval()``, training with grad enabled and
     ``module.train()``, where the backward graph is compiled ahead too.
 
-``aoti`` (inference only, where ``farm.aoti_check`` finds that packages built
+``aoti`` (inference only, where ``farm.build.aoti_check`` finds that packages built
 on this host load here)
     ``torch.export`` + ``aoti_compile_and_package``: compiled kernels in a
     shared library. A CPU ``aot_compile`` artifact holds C++ source that the
@@ -55,15 +55,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from farm.digests import sha256_file
-from farm.loader import AOTI_META_KEY, FORMAT_AOT_COMPILE, FORMAT_AOTI, _describe, call_module
-from farm.modelref import (
+from farm.core.digests import sha256_file
+from farm.core.modelref import (
     apply_grad_mode,
     build_module,
     example_inputs,
     grad_context,
 )
-from farm.specs import GradMode, JobSpec, canonical_json
+from farm.core.specs import GradMode, JobSpec, canonical_json
+from farm.node.loader import AOTI_META_KEY, FORMAT_AOT_COMPILE, FORMAT_AOTI, _describe, call_module
 
 log = logging.getLogger(__name__)
 
@@ -102,26 +102,26 @@ class CompiledArtifact:
         return {"path": str(self.path), "format": self.format, "meta": self.meta}
 
 
-# compile_artifacts' default: ask farm.aoti_check in this process.
+# compile_artifacts' default: ask farm.build.aoti_check in this process.
 CHECK_AOTI = "check"
 
 
 def aoti_unavailable_reason(spec: JobSpec, device: str) -> str | None:
     """Why a default build of ``spec`` for ``device`` gets no AOTI package
     (None: it gets one). AOTI is inference-only, and it is only built where
-    packages built on this host load here (``farm.aoti_check``: on the H200
+    packages built on this host load here (``farm.build.aoti_check``: on the H200
     image they crash at load; a version gate was wrong, since the same torch
     builds loadable packages elsewhere)."""
     if spec.grad_mode is not GradMode.INFERENCE:
         return "AOTI packages are inference-only"
-    from farm.aoti_check import aoti_loads_here
+    from farm.build.aoti_check import aoti_loads_here
 
     try:
         ok, why = aoti_loads_here(device)
     except Exception as exc:  # the check's own trouble must not fail the build
         ok, why = False, f"the check failed: {type(exc).__name__}: {exc}"
     if not ok:
-        return f"AOTI packages built on this host do not load here ({why}; farm.aoti_check)"
+        return f"AOTI packages built on this host do not load here ({why}; farm.build.aoti_check)"
     return None
 
 
@@ -405,7 +405,7 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
     if device.type == "cuda":
         # The autotuning results to ship are collected from this process's
         # Inductor cache. It must be the build's own and set before the process
-        # starts (the compile worker does: farm.steps.compile_env): Inductor's
+        # starts (the compile worker does: farm.build.steps.compile_env): Inductor's
         # kernel-compile subprocesses start with torch and keep the cache dir
         # they were born with, so changing it here would lose their results.
         from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -460,7 +460,7 @@ def bundle_autotune(path: Path, cache: Path) -> int:
     files the warm-up wrote; a plain artifact when nothing was tuned."""
     import zipfile
 
-    from farm.loader import BUNDLE_ARTIFACT, BUNDLE_AUTOTUNE_DIR
+    from farm.node.loader import BUNDLE_ARTIFACT, BUNDLE_AUTOTUNE_DIR
 
     configs = sorted(p for p in cache.rglob("*.best_config") if p.is_file())
     if not configs:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from farm.specs import (
+from farm.core.specs import (
     COMPILE_MODES,
     CompileOptions,
     GradMode,
@@ -32,7 +32,7 @@ from farm.specs import (
     SpecError,
     TensorSpec,
 )
-from farm.target import Target, TargetError, TargetSelector
+from farm.core.target import Target, TargetError, TargetSelector
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ def _print_json(value: Any) -> None:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from farm.client import FarmClient
+    from farm.node.client import FarmClient
 
     return FarmClient(url=args.url)
 
@@ -360,7 +360,7 @@ def _first_line(text: Any) -> str:
 
 
 def _resolve_target(text: str) -> Target:
-    from farm.target import detect_local_target
+    from farm.core.target import detect_local_target
 
     if text.startswith("auto"):
         device = text.partition(":")[2] or None
@@ -372,16 +372,16 @@ def _resolve_target(text: str) -> Target:
 
 
 def start_embedded(settings: Any, *, host: str, port: int) -> None:
-    """``farm serve --embedded``: the API with workers beside it (farm.embedded)."""
+    """``farm serve --embedded``: the API with workers beside it (farm.app.embedded)."""
     try:
-        from farm.embedded import run_embedded
+        from farm.app.embedded import run_embedded
     except ImportError as exc:
         raise CommandFailed(f"the embedded farm is not available: {exc}") from None
     run_embedded(host, port)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from farm.settings import get_settings
+    from farm.core.settings import get_settings
 
     if args.embedded:
         start_embedded(get_settings(), host=args.host, port=args.port)
@@ -451,7 +451,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _resolve(args: argparse.Namespace, client: Any) -> dict[str, Any]:
-    from farm.client import NotFoundError, format_rejections
+    from farm.node.client import NotFoundError, format_rejections
 
     name, ref = args.model
     target = _resolve_target(args.target)
@@ -575,7 +575,7 @@ def cmd_alias_set(args: argparse.Namespace) -> int:
 
 def cmd_token_create(args: argparse.Namespace) -> int:
     if args.db:
-        from farm.settings import get_settings
+        from farm.core.settings import get_settings
         from registry.auth import create_token
         from registry.db import Database
 
@@ -608,7 +608,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from farm.settings import get_settings
+    from farm.core.settings import get_settings
     from registry import db
 
     url = get_settings().resolved_database_url()
@@ -630,7 +630,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import importlib
 
     try:
-        demo = importlib.import_module("farm.demo")
+        demo = importlib.import_module("farm.app.demo")
     except ImportError as exc:
         raise CommandFailed(f"the demo is not available: {exc}") from None
     result = demo.main(list(args.demo_args))
@@ -660,9 +660,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.url:
         args.url = args.url.rstrip("/")
 
-    from farm.cache import CacheError
-    from farm.client import FarmError
-    from farm.signing import SigningKeyError
+    from farm.core.signing import SigningKeyError
+    from farm.node.cache import CacheError
+    from farm.node.client import FarmError
 
     try:
         return int(args.func(args))
