@@ -97,7 +97,8 @@ def scenario(payload: dict[str, Any]) -> dict[str, Any]:
         # The fleet node's path: start resolve, download, verification and the
         # imports loading needs in the background, then load the weights (here:
         # build the model) as the node does anyway, then bind.
-        from farm.node.client import FarmClient, prefetch_compiled
+        from farm.node.client import FarmClient
+        from farm.node.compiled import prefetch_compiled
 
         handle = prefetch_compiled(
             model=payload["farm_model"],

@@ -97,7 +97,7 @@ def time_warm_imports() -> None:
     import torch  # noqa: F401
 
     t1 = time.perf_counter()
-    from farm.node.client import warm_imports
+    from farm.node.compiled import warm_imports
 
     s = warm_imports()
     print(json.dumps({"import_torch_s": round(t1 - t0, 2), "warm_imports_s": round(s, 2)}))

@@ -8,4 +8,5 @@ bash scripts/bootstrap.sh
 bash scripts/services.sh
 .venv/bin/ruff check farm registry workers migrations tests bench
 .venv/bin/mypy
+.venv/bin/lint-imports
 exec .venv/bin/python -m pytest "$@"

@@ -63,7 +63,8 @@ def node(argv: list[str]) -> int:
     if a.mode == "farm":
         # Resolve, download and verify in the background while the node loads
         # its weights, as a fleet node would.
-        from farm.node.client import FarmClient, prefetch_compiled
+        from farm.node.client import FarmClient
+        from farm.node.compiled import prefetch_compiled
 
         handle = prefetch_compiled(
             model=MODEL,

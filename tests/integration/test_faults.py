@@ -290,7 +290,7 @@ def flip_a_byte(data: bytes) -> bytes:
 def test_blob_changed_in_s3_is_detected_and_never_loaded(
     faults: FaultFarm, built: dict[str, Any], tmp_path: Path, never_loaded: list[Any]
 ) -> None:
-    from farm.node.client import IntegrityError
+    from farm.node.errors import IntegrityError
 
     digest = built["artifact"]["digest"]
     key = faults.blob_key(digest)
@@ -321,7 +321,7 @@ def test_blob_changed_on_disk_is_detected_by_api_and_client(
     blob that was rewritten in place, after it had been served and verified
     once, with its size and mtime kept: the API re-hashes it and aborts the
     download, and the node refuses it."""
-    from farm.node.client import FarmError
+    from farm.node.errors import FarmError
     from registry.blobstore import LocalBlobStore
 
     digest = built["artifact"]["digest"]
@@ -371,7 +371,7 @@ def test_tampered_or_unsigned_artifact_is_refused(
     faults: FaultFarm, built: dict[str, Any], tmp_path: Path, never_loaded: list[Any]
 ) -> None:
     from farm.core.signing import generate_keypair
-    from farm.node.client import IntegrityError
+    from farm.node.errors import IntegrityError
 
     with node_client(faults, tmp_path / "node") as client:
         resolved = resolve(client, built)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.app import cli
+from farm.app import cli, commands
 from farm.core.specs import TensorSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def test_submit_args() -> None:
 
 def test_other_commands_parse() -> None:
     assert parse("status", "abc", "--json").job_id == "abc"
-    assert parse("alias", "set", "llama", "prod", "1.0").func is cli.cmd_alias_set
+    assert parse("alias", "set", "llama", "prod", "1.0").func is commands.cmd_alias_set
     t = parse("token", "create", "fleet", "--role", "read")
     assert (t.name, t.role) == ("fleet", "read")
     w = parse("worker", "compile", "--device", "cpu", "--concurrency", "2")
@@ -136,7 +136,7 @@ def test_json_output_is_one_document(
         def models(self) -> list[dict[str, object]]:
             return [{"name": "m", "versions": [], "aliases": {}}]
 
-    monkeypatch.setattr(cli, "_client", lambda args: Fake())
+    monkeypatch.setattr(commands, "_client", lambda args: Fake())
     code, out, err = run_cli(capsys, "models", "--json")
     assert code == 0 and err == ""
     assert json.loads(out) == [{"name": "m", "versions": [], "aliases": {}}]
@@ -189,7 +189,7 @@ def test_submit_wait_shows_progress_and_fails_with_one_line(
                 on_progress(v)  # type: ignore[operator]
             return views[-1]
 
-    monkeypatch.setattr(cli, "_client", lambda args: Fake())
+    monkeypatch.setattr(commands, "_client", lambda args: Fake())
     code, out, err = run_cli(capsys, "submit", "m:f", "--name", "m", "--version", "1",
                              "-i", "float32[8]", "--wait")
     assert code == 1
@@ -202,7 +202,7 @@ def test_submit_wait_shows_progress_and_fails_with_one_line(
 def test_resolve_miss_lists_rejections_then_one_error_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from farm.node.client import NotFoundError
+    from farm.node.errors import NotFoundError
 
     class Fake:
         def resolve(self, *a: object, **kw: object) -> object:
@@ -210,7 +210,7 @@ def test_resolve_miss_lists_rejections_then_one_error_line(
                 {"digest": "ab" * 32, "format": "aoti", "target": "cpu", "code": "isa",
                  "reason": "built for avx512, this node runs avx2"}])
 
-    monkeypatch.setattr(cli, "_client", lambda args: Fake())
+    monkeypatch.setattr(commands, "_client", lambda args: Fake())
     code, out, err = run_cli(capsys, "resolve", "m@1", "-i", "float32[8]", "--target",
                              "cpu/python=3.11.7/torch=2.13.0+cpu/isa=avx2/threads=2")
     assert code == 1

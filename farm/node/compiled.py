@@ -1,0 +1,433 @@
+"""Run a module on the farm's artifact, or on JIT with the reason when there is none.
+
+One call makes a module run on the farm's artifact for its inputs::
+
+    import farm.node
+
+    fn = farm.node.compiled(model, model="llama-1b", ref="prod",
+                              example_inputs=["bfloat16[8,512]"])
+    out = fn(x)          # the artifact, or JIT torch.compile if the farm had none
+
+A node that loads weights anyway can start the farm's part first and let the
+two overlap (the load path, see ``prefetch_compiled``)::
+
+    handle = farm.node.prefetch_compiled(model="llama-1b", ref="prod",
+                                           example_inputs=["bfloat16[8,512]"],
+                                           device="cuda", grad_mode="inference")
+    model = build_model().cuda(); model.load_state_dict(torch.load(...))
+    fn = handle.bind(model)
+
+Trust (what is checked before anything is loaded) is ``farm.node.client``'s.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from farm.core.specs import GradMode, SpecError, TensorSpec
+from farm.core.target import Target, TargetError
+from farm.node.client import FarmClient, as_grad_mode, as_input_specs, as_target
+from farm.node.errors import (
+    FarmError,
+    FarmUnavailable,
+    IntegrityError,
+    NotFoundError,
+    format_rejections,
+)
+
+log = logging.getLogger(__name__)
+
+_GUARD_FAILURE = "GuardManager check failed"
+
+
+# torch._inductor alone). Names that a torch version lacks are skipped.
+_WARM_MODULES = (
+    "torch._dynamo",
+    "torch._inductor.compile_fx",
+    "torch._inductor.codecache",
+    "torch._functorch.aot_autograd",
+    "torch._dynamo.aot_compile",
+    "torch._inductor.codegen.memory_planning",
+    "torch._inductor.hooks",
+    "torch.utils.cpp_extension",
+)
+
+
+# Formats whose loading imports _WARM_MODULES. An AOTI package needs none of
+# them (its kernels are in a shared library); importing them anyway would take
+# the GIL from the node's own start for seconds (measured on the H200: the
+# model build beside them went from 2.0 to 3.4 s).
+_FORMATS_NEEDING_WARM_IMPORTS = frozenset({"aot_compile"})
+
+
+def warm_imports() -> float:
+    """Import what loading an artifact needs; returns the seconds it took."""
+    import importlib
+
+    t0 = time.perf_counter()
+    for name in _WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a module this torch does not have
+            log.debug("warm import of %s skipped: %s", name, exc)
+    return time.perf_counter() - t0
+
+
+@dataclass(frozen=True)
+class Prefetched:
+    """A verified artifact in the local cache, ready to load."""
+
+    model: str
+    ref: str | None
+    version: str | None
+    inputs: tuple[TensorSpec, ...]
+    grad_mode: GradMode
+    target: Target
+    artifact: dict[str, Any]
+    path: Path
+    timings: dict[str, float]
+
+    @property
+    def format(self) -> str:
+        return str(self.artifact["format"])
+
+    @property
+    def digest(self) -> str:
+        return str(self.artifact["digest"])
+
+
+class CompiledHandle:
+    """The farm's side of loading a model, running in the background.
+
+    ``result()`` waits for the resolve, download and verification and returns
+    a ``Prefetched`` (or raises the ``FarmError`` that stopped it);
+    ``bind(module)`` loads the artifact for ``module`` and returns the callable,
+    falling back to JIT ``torch.compile`` if anything failed.
+    """
+
+    def __init__(self, *, model: str, ref: str | None, inputs: tuple[TensorSpec, ...],
+                 grad_mode: GradMode, target: Target | str | None, device: str | None,
+                 client: FarmClient | None, overlap: bool, warm: bool,
+                 formats: Sequence[str] | None = None) -> None:
+        self.model = model
+        self.ref = ref
+        self.inputs = inputs
+        self.grad_mode = grad_mode
+        self._target_arg = target
+        self._device = device
+        self._client = client
+        self._formats = tuple(formats) if formats is not None else None
+        self._warm_wanted = warm and overlap
+        self._future: concurrent.futures.Future[Prefetched] = concurrent.futures.Future()
+        self._import_thread: threading.Thread | None = None
+        self.timings: dict[str, float] = {}
+        self.target: Target | None = None
+        if overlap:
+            threading.Thread(target=self._run, name="farm-prefetch", daemon=True).start()
+        else:
+            self._run()
+
+    @property
+    def client(self) -> FarmClient:
+        if self._client is None:
+            self._client = default_client()
+        return self._client
+
+    def _warm(self) -> None:
+        self.timings["warm_imports_s"] = warm_imports()
+
+    def _run(self) -> None:
+        if not self._future.set_running_or_notify_cancel():
+            return
+        try:
+            self._future.set_result(self._prefetch())
+        except BaseException as exc:
+            self._future.set_exception(exc)
+
+    def _prefetch(self) -> Prefetched:
+        t0 = time.perf_counter()
+        try:
+            target = as_target(self._target_arg, self._device)
+        except TargetError as exc:
+            raise FarmError(f"cannot describe this node as a target: {exc}") from None
+        self.target = target
+        t1 = time.perf_counter()
+        resolved = self.client.resolve(self.model, self.ref, self.inputs, self.grad_mode, target,
+                                       formats=self._formats)
+        t2 = time.perf_counter()
+        fmt = resolved["artifact"].get("format")
+        if self._warm_wanted and fmt in _FORMATS_NEEDING_WARM_IMPORTS:
+            # Beside the download and verification, which wait on the network
+            # and hashlib (both release the GIL).
+            self._import_thread = threading.Thread(target=self._warm, name="farm-warm-imports",
+                                                   daemon=True)
+            self._import_thread.start()
+        path = self.client.fetch(resolved)
+        t3 = time.perf_counter()
+        self.timings.update(target_s=t1 - t0, resolve_s=t2 - t1, fetch_verify_s=t3 - t2)
+        return Prefetched(model=self.model, ref=self.ref, version=resolved.get("version"),
+                          inputs=self.inputs, grad_mode=self.grad_mode, target=target,
+                          artifact=dict(resolved["artifact"]), path=path, timings=self.timings)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> Prefetched:
+        return self._future.result(timeout)
+
+    def bind(self, module_or_fn: Any, *, fallback: bool = True,
+             timeout: float | None = None) -> Callable[..., Any]:
+        """The callable that runs ``module_or_fn`` on the farm's artifact.
+
+        With ``fallback`` (the default) any failure (no artifact, a download,
+        signature or load error) logs why and returns JIT
+        ``torch.compile(module_or_fn, fullgraph=True)`` instead; without it,
+        the error is raised.
+        """
+        try:
+            pre = self.result(timeout)
+        except Exception as exc:
+            # Any failure of the farm's side (a miss, the network, a bad
+            # answer, a full disk) is a reason to run JIT, never to crash.
+            if not fallback:
+                raise
+            self._explain(exc)
+            return FarmCompiled(None, module_or_fn, prefetched=None, reason=_one_line(exc))
+        if self._import_thread is not None:
+            # Loading would import the same modules: wait for ours rather
+            # than contend with it on import locks.
+            self._import_thread.join()
+        t0 = time.perf_counter()
+        try:
+            from farm.node.loader import load_artifact
+
+            fn = load_artifact(pre.path, pre.format, module=module_or_fn)
+        except Exception as exc:
+            if not fallback:
+                raise
+            reason = f"loading artifact {pre.digest[:12]} ({pre.format}) failed: {_one_line(exc)}"
+            log.warning("torch-farm: %s; using JIT torch.compile instead", reason)
+            self.client.report_miss(self.model, pre.version or self.ref, self.inputs,
+                                    self.grad_mode, pre.target,
+                                    [{"code": "load_failed", "digest": pre.digest,
+                                      "reason": reason}])
+            return FarmCompiled(None, module_or_fn, prefetched=pre, reason=reason)
+        self.timings["load_s"] = time.perf_counter() - t0
+        log.info("torch-farm: %s@%s runs artifact %s (%s) for %s", self.model,
+                 pre.version, pre.digest[:12], pre.format, pre.target)
+        return FarmCompiled(fn, module_or_fn, prefetched=pre, reason=None)
+
+    def _explain(self, exc: BaseException) -> None:
+        what = f"{self.model}@{self.ref or 'latest'} for {', '.join(map(str, self.inputs))} " \
+               f"({self.grad_mode.value})"
+        if isinstance(exc, NotFoundError):
+            # The farm records resolve misses itself; only say why here.
+            reasons = format_rejections(exc.rejections)
+            log.warning("torch-farm: no artifact for %s: %s; using JIT torch.compile%s",
+                        what, exc, f"\n{reasons}" if reasons else "")
+            return
+        log.warning("torch-farm: not using the farm for %s: %s; using JIT torch.compile",
+                    what, _one_line(exc))
+        if (isinstance(exc, FarmError) and not isinstance(exc, FarmUnavailable)
+                and self.target is not None):
+            code = "integrity" if isinstance(exc, IntegrityError) else "fetch_failed"
+            self.client.report_miss(self.model, self.ref, self.inputs, self.grad_mode, self.target,
+                                    [{"code": code, "reason": _one_line(exc)}])
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class FarmCompiled:
+    """What ``compiled`` returns: calls the artifact, or JIT when there is none.
+
+    ``source`` is ``"farm"`` or ``"jit"``; ``reason`` says why JIT was used.
+    A call the artifact's guards reject (another grad mode, shape or dtype
+    than it was built for) runs on JIT as well, rather than failing: guards
+    are checked before any kernel runs, so nothing ran twice.
+    """
+
+    def __init__(self, fn: Callable[..., Any] | None, original: Any, *,
+                 prefetched: Prefetched | None, reason: str | None) -> None:
+        self._fn = fn
+        self._original = original
+        self._jit: Callable[..., Any] | None = None
+        self._jit_lock = threading.Lock()
+        self.prefetched = prefetched
+        self.reason = reason
+        self._warned_guard = False
+        if fn is not None:
+            functools.update_wrapper(self, fn, updated=())
+
+    @property
+    def source(self) -> str:
+        return "farm" if self._fn is not None else "jit"
+
+    @property
+    def artifact(self) -> dict[str, Any] | None:
+        return self.prefetched.artifact if self.prefetched else None
+
+    def jit(self) -> Callable[..., Any]:
+        with self._jit_lock:
+            if self._jit is None:
+                import torch
+
+                self._jit = torch.compile(self._original, fullgraph=True)
+            return self._jit
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._fn is None:
+            return self.jit()(*args, **kwargs)
+        try:
+            return self._fn(*args, **kwargs)
+        except RuntimeError as exc:
+            if not str(exc).startswith(_GUARD_FAILURE):
+                raise
+            if not self._warned_guard:
+                self._warned_guard = True
+                log.warning("torch-farm: this call does not fit the artifact's guards (%s); "
+                            "such calls run on JIT torch.compile", _guard_reason(exc))
+            return self.jit()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        if self.prefetched is not None and self._fn is not None:
+            return f"<FarmCompiled farm artifact {self.prefetched.digest[:12]}>"
+        return f"<FarmCompiled jit ({self.reason})>"
+
+
+def _guard_reason(exc: BaseException) -> str:
+    text = str(exc)
+    start = text.find("verbose_code_parts=")
+    if start >= 0:
+        end = text.find("]", start)
+        return text[start + len("verbose_code_parts="):end + 1]
+    return _one_line(exc)
+
+
+_default_client: FarmClient | None = None
+_default_lock = threading.Lock()
+
+
+def default_client() -> FarmClient:
+    """One client per process, configured from the environment."""
+    global _default_client
+    with _default_lock:
+        if _default_client is None:
+            _default_client = FarmClient()
+        return _default_client
+
+
+def _module_device(module_or_fn: Any, example_inputs: Any) -> str | None:
+    for get in ("parameters", "buffers"):
+        it = getattr(module_or_fn, get, None)
+        if callable(it):
+            for p in it():
+                return str(p.device.type)
+    for x in example_inputs or ():
+        if hasattr(x, "device") and hasattr(x, "shape"):
+            return str(x.device.type)
+    return None
+
+
+def prefetch_compiled(
+    *,
+    model: str,
+    ref: str | None = None,
+    example_inputs: Any,
+    grad_mode: GradMode | str | bool | None = None,
+    target: Target | str | None = "auto",
+    device: str | None = None,
+    client: FarmClient | None = None,
+    overlap: bool = True,
+    warm_imports: bool = True,
+    formats: Sequence[str] | None = None,
+) -> CompiledHandle:
+    """Start resolving, downloading and verifying the artifact (and importing
+    what loading it needs) in the background; ``.bind(module)`` later.
+
+    ``device`` (``"cpu"``, ``"cuda"``) picks the target with ``target="auto"``;
+    None means CUDA when present. ``grad_mode`` None means the grad mode in
+    force now: pass it explicitly when the model will be called under
+    ``torch.no_grad()`` but this call is not. ``formats`` limits the artifact
+    formats this node takes (default: any, the resolver's preference).
+    """
+    specs = as_input_specs(example_inputs)
+    mode = as_grad_mode(grad_mode)
+    if device is not None and ":" in device:
+        device = device.split(":", 1)[0]
+    return CompiledHandle(model=model, ref=ref, inputs=specs, grad_mode=mode, target=target,
+                          device=device, client=client, overlap=overlap, warm=warm_imports,
+                          formats=formats)
+
+
+def compiled(
+    module_or_fn: Any,
+    *,
+    model: str,
+    ref: str | None = None,
+    example_inputs: Any = None,
+    grad_mode: GradMode | str | bool | None = None,
+    target: Target | str | None = "auto",
+    client: FarmClient | None = None,
+    fallback: bool = True,
+    overlap: bool = True,
+    formats: Sequence[str] | None = None,
+) -> Callable[..., Any]:
+    """Run ``module_or_fn`` on the farm's artifact for its inputs.
+
+    Detects this node's target (of the module's device), resolves
+    (``model``, ``ref``, inputs, grad mode, target), downloads into the local
+    cache, verifies digest and signature, loads, and returns the callable.
+    With ``fallback`` any failure logs why (the resolver's rejection reasons
+    on a miss) and returns JIT ``torch.compile(module_or_fn, fullgraph=True)``.
+
+    ``example_inputs``: spec strings, ``TensorSpec``s or example tensors; if
+    None, the first call's positional arguments are used (and the farm is
+    asked then). With ``overlap`` the imports that loading needs run beside
+    the resolve and download.
+    """
+    device = _module_device(module_or_fn, example_inputs)
+    if example_inputs is None:
+        return _OnFirstCall(module_or_fn, model=model, ref=ref, grad_mode=grad_mode,
+                            target=target, client=client, fallback=fallback, formats=formats)
+    try:
+        handle = prefetch_compiled(model=model, ref=ref, example_inputs=example_inputs,
+                                   grad_mode=grad_mode, target=target, device=device,
+                                   client=client, overlap=overlap, formats=formats)
+    except (SpecError, TargetError) as exc:
+        if not fallback:
+            raise
+        log.warning("torch-farm: cannot ask the farm (%s); using JIT torch.compile", exc)
+        return FarmCompiled(None, module_or_fn, prefetched=None, reason=str(exc))
+    return handle.bind(module_or_fn, fallback=fallback)
+
+
+class _OnFirstCall:
+    """``compiled`` without example inputs: ask the farm at the first call."""
+
+    def __init__(self, module_or_fn: Any, **kw: Any) -> None:
+        self._original = module_or_fn
+        self._kw = kw
+        self._impl: Callable[..., Any] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._impl is None:
+            with self._lock:
+                if self._impl is None:
+                    kw = dict(self._kw)
+                    if kw["grad_mode"] is None:
+                        kw["grad_mode"] = as_grad_mode(None)  # the mode of this call
+                    self._impl = compiled(self._original, example_inputs=list(args),
+                                          overlap=False, **kw)
+        return self._impl(*args, **kwargs)

@@ -1,0 +1,92 @@
+"""The farm's state machine over SQL: jobs, builds, compile claims, artifacts.
+
+The HTTP API and the Celery tasks both call these functions; neither touches
+ORM rows directly. Every function runs in one transaction, so a crash between
+two calls leaves the database in a state the next call (or a redelivered
+task) can continue from.
+
+Job:    queued -> tracing -> compiling -> succeeded | failed | partial
+Build:  pending -> queued -> running -> succeeded | reused | failed
+Claim:  queued -> running -> succeeded | failed     (one per build key)
+
+This package is that state machine, one module per stage; callers use it as
+``service.<function>`` through the names below.
+"""
+
+from registry.service.builds import (
+    ClaimDecision,
+    NewArtifact,
+    begin_compile,
+    fail_compile,
+    finish_compile,
+    release_claim,
+)
+from registry.service.common import (
+    LOG_LIMIT,
+    TERMINAL_BUILD_STATES,
+    InvalidRequest,
+    NotFound,
+)
+from registry.service.fleet import (
+    choose_targets,
+    live_targets,
+    live_workers,
+    record_heartbeat,
+    remove_worker,
+)
+from registry.service.jobs import (
+    CompileDispatch,
+    fail_job,
+    job_spec,
+    record_trace,
+    record_trace_for_identical,
+    requeue_stale_claims,
+    requeue_stale_jobs,
+    start_trace,
+    submit_job,
+)
+from registry.service.views import (
+    counts,
+    get_artifact,
+    job_view,
+    list_models,
+    record_miss,
+    set_alias,
+    set_signature,
+    version_candidates,
+)
+
+__all__ = [
+    "LOG_LIMIT",
+    "TERMINAL_BUILD_STATES",
+    "ClaimDecision",
+    "CompileDispatch",
+    "InvalidRequest",
+    "NewArtifact",
+    "NotFound",
+    "begin_compile",
+    "choose_targets",
+    "counts",
+    "fail_compile",
+    "fail_job",
+    "finish_compile",
+    "get_artifact",
+    "job_spec",
+    "job_view",
+    "list_models",
+    "live_targets",
+    "live_workers",
+    "record_heartbeat",
+    "record_miss",
+    "record_trace",
+    "record_trace_for_identical",
+    "release_claim",
+    "remove_worker",
+    "requeue_stale_claims",
+    "requeue_stale_jobs",
+    "set_alias",
+    "set_signature",
+    "start_trace",
+    "submit_job",
+    "version_candidates",
+]

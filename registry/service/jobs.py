@@ -1,0 +1,308 @@
+"""Submission and the trace stage: versions, jobs, shared traces, compile claims and
+the sweeps that re-send work whose worker died."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta, timezone
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from farm.core.specs import (
+    JobSpec,
+    build_key,
+    canonical_json,
+    format_inputs,
+)
+from farm.core.target import Target
+from registry import models as m
+from registry.db import Database
+from registry.service.builds import _copy_metrics, _link_version, _settle_job
+from registry.service.common import TERMINAL_BUILD_STATES, InvalidRequest, NotFound, _clip, _now
+from registry.service.fleet import _worker_is_live
+
+log = logging.getLogger(__name__)
+
+
+def _get_or_create_version(s: Session, spec: JobSpec) -> m.ModelVersion:
+    model = s.scalar(select(m.Model).where(m.Model.name == spec.name))
+    if model is None:
+        model = m.Model(name=spec.name)
+        s.add(model)
+        s.flush()
+    version = s.scalar(
+        select(m.ModelVersion).where(
+            m.ModelVersion.model_id == model.id, m.ModelVersion.version == spec.version
+        )
+    )
+    mj = spec.model.to_json()
+    if version is None:
+        version = m.ModelVersion(
+            model_id=model.id,
+            version=spec.version,
+            entrypoint=mj["entrypoint"],
+            kwargs=mj["kwargs"],
+            kind=mj["kind"],
+        )
+        s.add(version)
+        s.flush()
+    elif (version.entrypoint, canonical_json(version.kwargs or {}), version.kind) != (
+        mj["entrypoint"],
+        canonical_json(mj["kwargs"]),
+        mj["kind"],
+    ):
+        # A version names one model; silently rebinding it would serve two
+        # different programs under one name.
+        raise InvalidRequest(
+            f"{spec.name}@{spec.version} already exists with entrypoint {version.entrypoint} "
+            f"and kwargs {canonical_json(version.kwargs or {})}; submit a new version"
+        )
+    return version
+
+
+def submit_job(
+    db: Database, spec: JobSpec, *, targets: Sequence[Target], submitted_by: str | None = None
+) -> str:
+    """Record a job and one pending build per target; returns the job id.
+
+    The caller enqueues the trace task only after this has committed, so a
+    worker never sees a job id that is not in the database.
+    """
+    if not targets:
+        raise InvalidRequest("a job needs at least one target")
+    job_id = str(uuid.uuid4())
+    with db.session() as s:
+        version = _get_or_create_version(s, spec)
+        job = m.Job(
+            id=job_id,
+            version_id=version.id,
+            spec=spec.to_json(),
+            inputs=format_inputs(spec.inputs),
+            grad_mode=spec.grad_mode.value,
+            options=spec.options.canonical(),
+            state="queued",
+            submitted_by=submitted_by,
+        )
+        s.add(job)
+        for t in targets:
+            s.add(m.Build(id=str(uuid.uuid4()), job_id=job_id, target=str(t), state="pending"))
+    return job_id
+
+
+def job_spec(db: Database, job_id: str) -> JobSpec:
+    with db.session() as s:
+        job = s.get(m.Job, job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return JobSpec.from_json(job.spec)
+
+
+def start_trace(db: Database, job_id: str) -> JobSpec | None:
+    """Mark a job as tracing; None when it is already past that (a redelivery)."""
+    with db.session() as s:
+        # Locked: a trace shared from an identical job (record_trace_for_identical)
+        # must not race this into tracing a job it has just settled.
+        job = s.get(m.Job, job_id, with_for_update=True)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        if job.state not in ("queued", "tracing"):
+            return None
+        job.state = "tracing"
+        # Stamped even when it was tracing already (a redelivery): the sweep
+        # re-sends a job whose trace started longer ago than any trace may run.
+        job.updated_at = _now()
+        return JobSpec.from_json(job.spec)
+
+
+def fail_job(db: Database, job_id: str, *, error: str, log_text: str | None = None) -> None:
+    with db.session() as s:
+        job = s.get(m.Job, job_id)
+        if job is None:
+            return
+        job.state = "failed"
+        job.error = _clip(error)
+        job.log = _clip(log_text)
+        for b in job.builds:
+            if b.state not in TERMINAL_BUILD_STATES:
+                b.state = "failed"
+                b.error = (
+                    "trace failed: " + error.splitlines()[0][:500] if error else "trace failed"
+                )
+                b.finished_at = _now()
+
+
+@dataclass(frozen=True)
+class CompileDispatch:
+    build_key: str
+    target: str
+    queue: str
+
+
+def record_trace(db: Database, job_id: str, report: dict[str, Any]) -> list[CompileDispatch]:
+    """Store the trace report, settle builds that need no compile, and claim the rest.
+
+    Returns the compile tasks the caller must enqueue (after this commits):
+    only those whose claim this call took, so two identical jobs in flight
+    compile once.
+    """
+    with db.session() as s:
+        job = s.get(m.Job, job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return _apply_trace(s, job, report)
+
+
+def record_trace_for_identical(
+    db: Database, job_id: str, report: dict[str, Any], *, limit: int = 1000
+) -> tuple[list[str], list[CompileDispatch]]:
+    """Give ``job_id``'s trace to every job still queued for the very same
+    program (model entrypoint, kwargs and kind; inputs; grad mode; options).
+
+    A fleet rollout submits the same job many times; tracing each copy costs
+    a process and seconds, and gives the same fingerprint: a queued job would
+    have been traced later than this trace ran anyway, so taking this result
+    is what tracing it would have given. Jobs locked by a trace worker that is
+    starting them are skipped (they trace themselves). Returns the jobs
+    settled and the compile tasks to enqueue after the commit.
+    """
+    dispatch: list[CompileDispatch] = []
+    settled: list[str] = []
+    with db.session() as s:
+        job = s.get(m.Job, job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        model = JobSpec.from_json(job.spec).model
+        siblings = s.scalars(
+            select(m.Job)
+            .where(
+                m.Job.state == "queued",
+                m.Job.id != job_id,
+                m.Job.inputs == job.inputs,
+                m.Job.grad_mode == job.grad_mode,
+                m.Job.options == job.options,
+            )
+            .order_by(m.Job.created_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).all()
+        for sib in siblings:
+            if JobSpec.from_json(sib.spec).model != model:
+                continue
+            dispatch += _apply_trace(s, sib, {**report, "trace_shared_from": job_id})
+            settled.append(sib.id)
+    return settled, dispatch
+
+
+def _apply_trace(s: Session, job: m.Job, report: dict[str, Any]) -> list[CompileDispatch]:
+    fingerprint = str(report["fingerprint"])
+    dispatch: list[CompileDispatch] = []
+    spec = JobSpec.from_json(job.spec)
+    job.fingerprint = fingerprint
+    job.param_count = report.get("param_count")
+    job.param_bytes = report.get("param_bytes")
+    job.flops = report.get("flops")
+    job.trace_s = report.get("trace_s")
+    job.log = _clip(canonical_json({k: v for k, v in report.items() if k != "fingerprint"}))
+    job.state = "compiling"
+    for b in job.builds:
+        if b.state in TERMINAL_BUILD_STATES:
+            continue
+        key = build_key(
+            fingerprint=fingerprint,
+            inputs=spec.inputs,
+            grad_mode=spec.grad_mode,
+            options=spec.options,
+            target=b.target,
+        )
+        b.build_key = key
+        arts = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()
+        if arts:
+            _link_version(s, job.version_id, arts)
+            b.state = "reused"
+            b.finished_at = _now()
+            _copy_metrics(b, arts)
+            continue
+        b.state = "queued"
+        b.queued_at = _now()
+        if _take_claim(s, key, b.target):
+            dispatch.append(CompileDispatch(key, b.target, Target.parse(b.target).queue))
+    _settle_job(job)
+    return dispatch
+
+
+def _take_claim(s: Session, key: str, target: str) -> bool:
+    """Insert (or re-open a failed) claim; True when this transaction owns it."""
+    try:
+        with s.begin_nested():
+            s.add(m.CompileClaim(build_key=key, target=target, state="queued"))
+            s.flush()
+        return True
+    except IntegrityError:
+        pass
+    res = s.execute(
+        update(m.CompileClaim)
+        .where(m.CompileClaim.build_key == key, m.CompileClaim.state == "failed")
+        .values(state="queued", worker=None, updated_at=_now())
+    )
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def requeue_stale_claims(
+    db: Database, *, max_age_s: float, queued_max_age_s: float = 900.0
+) -> list[CompileDispatch]:
+    """Claims running on a worker that stopped heartbeating (killed, or its
+    host cut off), and claims queued for so long that their message was
+    probably never sent (a crash between commit and enqueue). For a periodic
+    sweep; returns what must be enqueued again. A duplicate message is
+    harmless: ``begin_compile`` lets only one run."""
+    out: list[CompileDispatch] = []
+    now = _now()
+    with db.session() as s:
+        for c in s.scalars(
+            select(m.CompileClaim).where(
+                m.CompileClaim.state.in_(("queued", "running")),
+                m.CompileClaim.updated_at < now - timedelta(seconds=max_age_s),
+            )
+        ):
+            updated = (
+                c.updated_at if c.updated_at.tzinfo else c.updated_at.replace(tzinfo=timezone.utc)
+            )
+            if c.state == "running" and _worker_is_live(s, c.worker, max_age_s):
+                continue
+            if c.state == "queued" and updated > now - timedelta(seconds=queued_max_age_s):
+                continue
+            c.state = "queued"
+            c.updated_at = _now()
+            out.append(CompileDispatch(c.build_key, c.target, Target.parse(c.target).queue))
+    return out
+
+
+def requeue_stale_jobs(
+    db: Database, *, max_age_s: float = 900.0, tracing_max_age_s: float | None = None
+) -> list[str]:
+    """Jobs still queued long after submission: their trace message was
+    probably never sent (the broker was down when the API committed them, or
+    lost it in a restart). With ``tracing_max_age_s`` (longer than any trace
+    may run: the trace time limit and a margin), also jobs whose trace started
+    that long ago and never ended: their trace worker died (``kill -9``, its
+    host cut off) and the broker may not hand the message out again for a
+    long time (Redis: its visibility timeout). For the periodic sweep; a
+    duplicate trace is harmless, since dispatch goes through compile claims."""
+    now = _now()
+    stale = (m.Job.state == "queued") & (m.Job.updated_at < now - timedelta(seconds=max_age_s))
+    if tracing_max_age_s is not None:
+        stale = stale | (
+            (m.Job.state == "tracing")
+            & (m.Job.updated_at < now - timedelta(seconds=tracing_max_age_s))
+        )
+    with db.session() as s:
+        jobs = s.scalars(select(m.Job).where(stale).limit(1000)).all()
+        for job in jobs:
+            job.updated_at = _now()  # one re-send per period, not one per sweep
+        return [j.id for j in jobs]

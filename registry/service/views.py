@@ -1,0 +1,251 @@
+"""Reads and small writes the API serves: job views, versions, aliases, models,
+artifacts, misses and counts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from farm.core.specs import (
+    GradMode,
+    TensorSpec,
+    format_inputs,
+)
+from farm.core.target import Target
+from registry import models as m
+from registry.convert import artifact_to_record
+from registry.db import Database
+from registry.entities import ArtifactRecord
+from registry.service.common import NotFound
+
+log = logging.getLogger(__name__)
+
+
+def _iso(d: datetime | None) -> str | None:
+    return d.isoformat() if d else None
+
+
+def job_view(db: Database, job_id: str) -> dict[str, Any]:
+    with db.session() as s:
+        job = s.get(m.Job, job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        version = s.get(m.ModelVersion, job.version_id)
+        assert version is not None
+        builds = []
+        for b in job.builds:
+            arts = []
+            if b.build_key:
+                arts = [
+                    artifact_to_record(a).to_json()
+                    for a in s.scalars(
+                        select(m.Artifact).where(m.Artifact.build_key == b.build_key)
+                    )
+                ]
+            builds.append(
+                {
+                    "id": b.id,
+                    "target": b.target,
+                    "build_key": b.build_key,
+                    "state": b.state,
+                    "attempts": b.attempts,
+                    "worker": b.worker,
+                    "queued_at": _iso(b.queued_at),
+                    "started_at": _iso(b.started_at),
+                    "finished_at": _iso(b.finished_at),
+                    "compile_s": b.compile_s,
+                    "artifact_bytes": b.artifact_bytes,
+                    "verified": b.verified,
+                    "max_abs_err": b.max_abs_err,
+                    "first_call_s": b.first_call_s,
+                    "first_call_compiles": b.first_call_compiles,
+                    "error": b.error,
+                    "log": b.log,
+                    "artifacts": arts,
+                }
+            )
+        return {
+            "id": job.id,
+            "model": version.model.name,
+            "version": version.version,
+            "state": job.state,
+            "spec": job.spec,
+            "fingerprint": job.fingerprint,
+            "param_count": job.param_count,
+            "param_bytes": job.param_bytes,
+            "flops": job.flops,
+            "trace_s": job.trace_s,
+            "error": job.error,
+            "log": job.log,
+            "submitted_by": job.submitted_by,
+            "created_at": _iso(job.created_at),
+            "updated_at": _iso(job.updated_at),
+            "builds": builds,
+        }
+
+
+def _version_row(s: Session, name: str, ref: str | None) -> m.ModelVersion:
+    model = s.scalar(select(m.Model).where(m.Model.name == name))
+    if model is None:
+        raise NotFound(f"no model {name!r}")
+    if ref is None:
+        alias = s.scalar(
+            select(m.Alias).where(m.Alias.model_id == model.id, m.Alias.name == "latest")
+        )
+        if alias is not None:
+            v = s.get(m.ModelVersion, alias.version_id)
+            assert v is not None
+            return v
+        v = s.scalar(
+            select(m.ModelVersion)
+            .where(m.ModelVersion.model_id == model.id)
+            .order_by(m.ModelVersion.created_at.desc(), m.ModelVersion.id.desc())
+        )
+        if v is None:
+            raise NotFound(f"model {name!r} has no versions")
+        return v
+    v = s.scalar(
+        select(m.ModelVersion).where(
+            m.ModelVersion.model_id == model.id, m.ModelVersion.version == ref
+        )
+    )
+    if v is not None:
+        return v
+    alias = s.scalar(select(m.Alias).where(m.Alias.model_id == model.id, m.Alias.name == ref))
+    if alias is not None:
+        v = s.get(m.ModelVersion, alias.version_id)
+        assert v is not None
+        return v
+    raise NotFound(f"model {name!r} has no version or alias {ref!r}")
+
+
+def version_candidates(
+    db: Database, name: str, ref: str | None
+) -> tuple[str, list[ArtifactRecord]]:
+    """The artifacts that serve (name, version-or-alias); ``ref`` None means the
+    ``latest`` alias or else the newest version."""
+    with db.session() as s:
+        v = _version_row(s, name, ref)
+        rows = s.scalars(
+            select(m.Artifact)
+            .join(m.VersionArtifact, m.VersionArtifact.artifact_id == m.Artifact.id)
+            .where(m.VersionArtifact.version_id == v.id)
+        ).all()
+        return v.version, [artifact_to_record(r) for r in rows]
+
+
+def set_alias(db: Database, name: str, alias: str, version: str) -> None:
+    with db.session() as s:
+        model = s.scalar(select(m.Model).where(m.Model.name == name))
+        if model is None:
+            raise NotFound(f"no model {name!r}")
+        v = s.scalar(
+            select(m.ModelVersion).where(
+                m.ModelVersion.model_id == model.id, m.ModelVersion.version == version
+            )
+        )
+        if v is None:
+            raise NotFound(f"model {name!r} has no version {version!r}")
+        row = s.scalar(select(m.Alias).where(m.Alias.model_id == model.id, m.Alias.name == alias))
+        if row is None:
+            s.add(m.Alias(model_id=model.id, name=alias, version_id=v.id))
+        else:
+            row.version_id = v.id
+
+
+def list_models(db: Database) -> list[dict[str, Any]]:
+    with db.session() as s:
+        out = []
+        for model in s.scalars(select(m.Model).order_by(m.Model.name)):
+            versions = s.scalars(
+                select(m.ModelVersion)
+                .where(m.ModelVersion.model_id == model.id)
+                .order_by(m.ModelVersion.created_at, m.ModelVersion.id)
+            ).all()
+            by_id = {v.id: v.version for v in versions}
+            aliases = {
+                a.name: by_id.get(a.version_id)
+                for a in s.scalars(select(m.Alias).where(m.Alias.model_id == model.id))
+            }
+            vs = []
+            for v in versions:
+                n = s.scalar(
+                    select(func.count())
+                    .select_from(m.VersionArtifact)
+                    .where(m.VersionArtifact.version_id == v.id)
+                )
+                vs.append(
+                    {
+                        "version": v.version,
+                        "entrypoint": v.entrypoint,
+                        "kwargs": v.kwargs,
+                        "kind": v.kind,
+                        "artifacts": n,
+                        "created_at": _iso(v.created_at),
+                    }
+                )
+            out.append({"name": model.name, "versions": vs, "aliases": aliases})
+        return out
+
+
+def get_artifact(db: Database, digest: str) -> ArtifactRecord:
+    with db.session() as s:
+        row = s.scalar(
+            select(m.Artifact).where(m.Artifact.digest == digest).order_by(m.Artifact.id)
+        )
+        if row is None:
+            raise NotFound(f"no artifact {digest}")
+        return artifact_to_record(row)
+
+
+def set_signature(db: Database, artifact_id: int, signature: str) -> None:
+    with db.session() as s:
+        row = s.get(m.Artifact, artifact_id)
+        if row is not None and row.signature is None:
+            row.signature = signature
+
+
+def record_miss(
+    db: Database,
+    *,
+    model: str,
+    version: str | None,
+    inputs: Sequence[TensorSpec],
+    grad_mode: GradMode,
+    target: Target,
+    reasons: list[Any],
+) -> None:
+    with db.session() as s:
+        s.add(
+            m.ResolveMiss(
+                model=model,
+                version=version,
+                inputs=format_inputs(inputs),
+                grad_mode=grad_mode.value,
+                target=str(target),
+                reasons=reasons,
+            )
+        )
+
+
+def counts(db: Database) -> dict[str, Any]:
+    """For metrics: jobs and builds by state, artifacts, misses."""
+    with db.session() as s:
+        jobs = dict(s.execute(select(m.Job.state, func.count()).group_by(m.Job.state)).all())
+        builds = dict(s.execute(select(m.Build.state, func.count()).group_by(m.Build.state)).all())
+        artifacts = s.scalar(select(func.count()).select_from(m.Artifact)) or 0
+        misses = s.scalar(select(func.count()).select_from(m.ResolveMiss)) or 0
+        compile_s = s.scalar(select(func.coalesce(func.sum(m.Build.compile_s), 0.0))) or 0.0
+        return {
+            "jobs": jobs,
+            "builds": builds,
+            "artifacts": artifacts,
+            "misses": misses,
+            "compile_seconds": float(compile_s),
+        }
+
