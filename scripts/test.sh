@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The test command: installs what it needs (.venv with torch 2.13.0), starts
 # PostgreSQL and Redis if they are not running, checks lint and types, runs
-# every test (unit and integration, slow ones included).
+# every test (unit and integration, slow ones included) on two xdist workers.
+# Tests that share an expensive module fixture (a farm of their own) carry an
+# xdist_group mark and run on one worker (--dist loadgroup); the rest spread.
+# Arguments go to pytest after these, so `-n 0` or `-n 4` overrides the count.
+# pytest's exit status is the script's (exec): 0 passed, 1 failed, 2-5 errors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -9,4 +13,4 @@ bash scripts/services.sh
 .venv/bin/ruff check farm registry workers migrations tests bench
 .venv/bin/mypy
 .venv/bin/lint-imports
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15 "$@"

@@ -1,7 +1,12 @@
 """Shared fixtures live in tests/fixtures/, one module per real service."""
 
 import os
+import random
 import tempfile
+
+import pytest
+
+from tests import slowdown
 
 pytest_plugins = [
     "tests.fixtures.db",
@@ -11,7 +16,10 @@ pytest_plugins = [
 ]
 
 
-def pytest_configure() -> None:
+def pytest_configure(config: pytest.Config) -> None:
+    # Runs in the controller first, and xdist's workers inherit its
+    # environment: what is set here is shared by the whole run.
+    #
     # The per-machine CPU ISA cache (farm.core.cpu_isa) of this test session, not
     # the user's: shared with the workers and children the tests start, so the
     # ISA is test-compiled once per session rather than once per process.
@@ -19,3 +27,13 @@ def pytest_configure() -> None:
     d = tempfile.mkdtemp(prefix="farm-test-machine-")
     os.environ.setdefault("FARM_ISA_CACHE", os.path.join(d, "cpu-isa.json"))
     os.environ.setdefault("FARM_AOTI_CHECK_CACHE", os.path.join(d, "aoti-check.json"))
+    # Time limits in tests scale with this (tests/slowdown.py).
+    slowdown.factor()
+    # xdist workers take consecutive Redis databases from one random base,
+    # so two workers of one run never flush each other's.
+    os.environ.setdefault("FARM_TEST_REDIS_BASE", str(random.randint(0, 14)))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return (f"{slowdown.ENV}={os.environ[slowdown.ENV]} (time limits in tests are "
+            f"multiplied by it; measured at start unless set)")

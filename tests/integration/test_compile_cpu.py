@@ -17,7 +17,8 @@ from farm.build.sandbox import run_isolated
 from farm.build.verify import VerifyReport, verify_artifact
 from farm.core.specs import JobSpec
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# One xdist worker runs the module: its tests share one expensive fixture.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("compile_cpu")]
 
 TIMEOUT_S = 900
 MEMORY_MB = 12000

@@ -33,10 +33,12 @@ from sqlalchemy import update
 from registry import models as m
 from tests.fixtures.farm import ADMIN_TOKEN, ROOT, _wait_http, free_port
 from tests.fixtures.faults import FaultFarm, MakeFarm, farm_spec
+from tests.slowdown import scaled
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# One xdist worker runs the module: its tests share one expensive fixture.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("faults")]
 
-TRACE_TIMEOUT_S = 20
+TRACE_TIMEOUT_S = scaled(30)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def faults(make_farm: MakeFarm) -> Iterator[FaultFarm]:
         pg_proxy=True,
         s3_proxy=True,
         env={"TRACE_TIMEOUT_S": str(TRACE_TIMEOUT_S), "FARM_REQUEUE_AFTER_S": "4",
-             "BUILD_TIMEOUT_S": "120"},
+             "BUILD_TIMEOUT_S": str(scaled(120))},
         workers=(("trace", "trace"), ("trace2", "trace"), ("compile", "compile"),
                  ("compile2", "compile")),
     )

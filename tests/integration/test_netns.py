@@ -30,7 +30,8 @@ from tests.fixtures.faults import (
     netns_unavailable,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# One xdist worker runs the module: its tests share one expensive fixture.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("netns")]
 
 HOSTS = ("trace", "compile-a", "compile-b")
 

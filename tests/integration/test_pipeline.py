@@ -20,7 +20,8 @@ from registry import models as m
 from registry.db import Database
 from tests.fixtures.farm import ROOT, Farm
 
-pytestmark = pytest.mark.integration
+# One xdist worker runs the module: its tests share one expensive fixture.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("pipeline")]
 
 NODE = Path(__file__).with_name("node_check.py")
 
