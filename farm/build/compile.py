@@ -39,7 +39,6 @@ keeps every guard, so a model with an unserializable guard fails to save.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -626,13 +625,13 @@ def reproducible_cache_dir(key: str) -> Iterator[Path]:
     fresh cache at the same path gives the same bytes. A lock file makes
     concurrent builds of the same key on one host take turns.
     """
+    from filelock import FileLock
     from torch._inductor.utils import clear_caches
 
     base = Path(tempfile.gettempdir()) / "torch-farm-aoti"
     base.mkdir(parents=True, exist_ok=True)
     d = base / key
-    with open(base / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(str(base / f"{key}.lock")):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir()
         old = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}

@@ -8,7 +8,10 @@ nothing.
 
 Several processes on one node may share a cache (several ranks loading one
 model). Each digest has a lock file, ``ROOT/locks/<sha256>.lock``, taken with
-``fcntl.flock``:
+``fcntl.flock`` (the one lock in the farm not taken with ``filelock``: readers
+share it, and filelock's locks are exclusive only; its ReadWriteLock is an
+SQLite database, which eviction could not unlink under a holder as it does
+here):
 
 * a writer holds it exclusively while it downloads, so a second process asking
   for the same digest waits, then finds the blob in place and never starts a
