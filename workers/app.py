@@ -8,8 +8,6 @@ not in a result backend.
 
 from __future__ import annotations
 
-import os
-
 from celery import Celery
 from kombu import Queue
 
@@ -23,9 +21,7 @@ def make_celery() -> Celery:
     if broker.startswith("sqla+sqlite:///"):
         settings.farm_home.mkdir(parents=True, exist_ok=True)
     app = Celery("torch_farm", broker=broker, include=["workers.tasks"])
-    visibility = int(
-        os.environ.get("FARM_VISIBILITY_TIMEOUT_S", settings.build_timeout_s * 2 + 300)
-    )
+    visibility = settings.visibility_timeout_s()
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 
+from farm.core.settings import get_settings
 from registry import service
 from workers import context
 
@@ -35,7 +35,7 @@ def requeue_after_s() -> float:
     message was lost (the broker was down, or restarted without persistence)
     and sends it again. A duplicate is harmless but not free: keep this above
     the longest wait in the queue."""
-    return float(os.environ.get("FARM_REQUEUE_AFTER_S", "900"))
+    return get_settings().farm_requeue_after_s
 
 
 def trace_stale_after_s() -> float:

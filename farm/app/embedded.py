@@ -173,11 +173,8 @@ def run_embedded(host: str = "127.0.0.1", port: int = 8000) -> None:
     get_settings.cache_clear()
     from registry.api.app import create_app
 
-    # Which compile workers to start beside the API: this machine's CPU target
-    # by default; "cuda" (or "cpu,cuda") on a GPU host.
-    devices = tuple(
-        d.strip() for d in os.environ.get("FARM_EMBEDDED_DEVICES", "cpu").split(",") if d.strip()
-    )
+    # Which compile workers to start beside the API (FARM_EMBEDDED_DEVICES).
+    devices = get_settings().embedded_devices()
     # uvicorn re-raises the SIGTERM it shut down on once it has restored the
     # handler it found: make that handler unwind this function, so the
     # workers below are stopped with the API rather than left running.

@@ -284,8 +284,10 @@ def mode_options(mode: str) -> dict[str, Any]:
         return {}
     from torch._inductor import list_mode_options
 
+    from farm.core.settings import get_settings
+
     options = dict(list_mode_options(mode))
-    if options.get("coordinate_descent_tuning") and os.environ.get("FARM_COORDESC", "0") != "1":
+    if options.get("coordinate_descent_tuning") and not get_settings().farm_coordesc:
         # Coordinate-descent tuning runs at a kernel's first launch and, on the
         # H200 with torch 2.11, was redone on every node at the first call
         # after loading (42 benchmarks, 7 s): the artifact would not be

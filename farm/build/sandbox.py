@@ -64,8 +64,8 @@ SCRUBBED_PREFIXES = ("AWS_", "S3_", "MINIO_", "AZURE_", "PG", "CELERY_")
 # The farm's own configuration goes too (every variable ``farm.core.settings``
 # reads, and the workers' knobs): it names the database, the broker, the
 # bucket and where the signing key and SQLite file live (FARM_HOME).
-FARM_KNOBS = frozenset({"FARM_VISIBILITY_TIMEOUT_S", "FARM_REQUEUE_AFTER_S",
-                        "FARM_ISA_CACHE", "FARM_AOTI_CHECK_CACHE"})
+# Settings the children read themselves (CHILD_SETTINGS: FARM_COORDESC) stay.
+FARM_KNOBS = frozenset({"FARM_ISA_CACHE", "FARM_AOTI_CHECK_CACHE"})
 # Anything that looks like a secret by name goes too.
 SCRUBBED_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY")
 
@@ -133,9 +133,10 @@ def scrubbed_env(
 
 @functools.lru_cache(maxsize=1)
 def _farm_settings() -> frozenset[str]:
-    from farm.core.settings import Settings
+    from farm.core.settings import CHILD_SETTINGS, Settings
 
-    return frozenset(name.upper() for name in Settings.model_fields) | FARM_KNOBS
+    names = set(Settings.model_fields) - CHILD_SETTINGS
+    return frozenset(name.upper() for name in names) | FARM_KNOBS
 
 
 def _is_secret(name: str) -> bool:

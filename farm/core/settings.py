@@ -44,10 +44,34 @@ class Settings(BaseSettings):
     trace_timeout_s: int = 300
     max_body_bytes: int = 1_000_000
     # uvicorn's per-request access log ("off" halves the CPU of a cached resolve).
-    farm_access_log: str = "on"
+    farm_access_log: bool = True
     heartbeat_s: int = 10
+    # Redis redelivers a task nobody acked after this long; None: twice the
+    # build timeout plus 300 s (visibility_timeout_s()), so a build is never
+    # redelivered while it still runs.
+    farm_visibility_timeout_s: int | None = None
+    # How long a job or claim may sit queued before the sweep assumes its
+    # message was lost (the broker was down, or restarted without persistence)
+    # and sends it again. A duplicate is harmless but not free: keep this above
+    # the longest wait in the queue.
+    farm_requeue_after_s: float = 900.0
+    # Keep coordinate-descent tuning in max-autotune builds (their first call
+    # then tunes on every node; farm.build.compile.mode_options says why not).
+    farm_coordesc: bool = False
+    # Which compile workers `farm serve --embedded` starts beside the API,
+    # comma separated: this machine's CPU target by default, "cuda" (or
+    # "cpu,cuda") on a GPU host.
+    farm_embedded_devices: str = "cpu"
     client_cache_dir: Path | None = None
     client_cache_max_bytes: int = 10 * 1024**3
+
+    def visibility_timeout_s(self) -> int:
+        if self.farm_visibility_timeout_s is not None:
+            return self.farm_visibility_timeout_s
+        return self.build_timeout_s * 2 + 300
+
+    def embedded_devices(self) -> tuple[str, ...]:
+        return tuple(d.strip() for d in self.farm_embedded_devices.split(",") if d.strip())
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.farm_home / 'farm.db').resolve()}"
@@ -64,6 +88,11 @@ class Settings(BaseSettings):
 
     def resolved_cache_dir(self) -> Path:
         return self.client_cache_dir or (self.farm_home / "cache")
+
+
+# Settings a build's sandboxed children (trace, compile, verify) read
+# themselves: the sandbox passes these through while it scrubs the rest.
+CHILD_SETTINGS = frozenset({"farm_coordesc"})
 
 
 @lru_cache(maxsize=1)

@@ -6,7 +6,6 @@ Run it with ``farm serve`` (uvicorn), or ``uvicorn --factory registry.api.app:cr
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -37,7 +36,6 @@ STALE_S = 300.0
 DB_DOWN = (DatabaseUnavailable, OperationalError)
 
 API_VERSION = "1"
-ACCESS_LOG_ENV = "FARM_ACCESS_LOG"
 RESOLVE_PATH = "/v1/resolve"
 DESCRIPTION = """\
 Build farm and artifact registry for ahead-of-time compiled PyTorch programs.
@@ -57,7 +55,7 @@ def default_enqueue(job_id: str) -> None:
     dispatch.enqueue_trace(job_id)
 
 
-def _apply_access_log_setting() -> None:
+def _apply_access_log_setting(settings: Settings) -> None:
     """``FARM_ACCESS_LOG=off`` silences uvicorn's per-request access log.
 
     At a fleet's request rates the access log costs about a fifth of the
@@ -65,7 +63,7 @@ def _apply_access_log_setting() -> None:
     Applied at start-up, after uvicorn has configured its loggers (so it holds
     for ``--workers N`` too); uvicorn decides per connection whether to log.
     """
-    if os.environ.get(ACCESS_LOG_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+    if not settings.farm_access_log:
         access = logging.getLogger("uvicorn.access")
         access.handlers.clear()
         access.propagate = False
@@ -110,7 +108,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        _apply_access_log_setting()
+        _apply_access_log_setting(settings)
         try:
             # Refuse to serve a schema this code does not know (mlflow does the same).
             await run_in_threadpool(db.check_schema)
