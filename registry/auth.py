@@ -98,6 +98,16 @@ def revoke_tokens(db: Database, name: str) -> int:
         return len(rows)
 
 
+def list_tokens(db: Database, *, include_revoked: bool = False) -> list[dict[str, object]]:
+    """Tokens by name (never their hashes), oldest first."""
+    with db.session() as s:
+        q = select(m.ApiToken).order_by(m.ApiToken.created_at, m.ApiToken.id)
+        if not include_revoked:
+            q = q.where(m.ApiToken.revoked.is_(False))
+        return [{"name": r.name, "role": r.role, "revoked": r.revoked,
+                 "created_at": r.created_at.isoformat()} for r in s.scalars(q)]
+
+
 def lookup_token(db: Database, token_hash: str) -> Principal | None:
     with db.session() as s:
         row = s.scalar(select(m.ApiToken).where(m.ApiToken.token_hash == token_hash))
@@ -182,5 +192,5 @@ class Authenticator:
 
 __all__ = [
     "ANONYMOUS_ADMIN", "ROLES", "AuthError", "Authenticator", "Principal", "bearer_token",
-    "check_role", "create_token", "hash_token", "lookup_token", "revoke_tokens",
+    "check_role", "create_token", "hash_token", "list_tokens", "lookup_token", "revoke_tokens",
 ]

@@ -169,6 +169,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         no_aoti = aoti_unavailable_reason(spec, target.device)
         t0 = time.monotonic()
         out_dir = Path(tmp) / "out"
+        _stage(db, build_key, "compiling")
         res = run_isolated(
             "farm.build.steps:compile_step",
             {"spec": spec.to_json(), "device": target.device, "out_dir": str(out_dir),
@@ -188,6 +189,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         failures: list[str] = []
         for art in res.value["artifacts"]:
             path = Path(art["path"])
+            _stage(db, build_key, f"verifying {art['format']}")
             # Verification runs the model's code too (its factory and forward):
             # the same limits as the compile, not the verifier's generous defaults.
             report = verify_artifact(
@@ -206,6 +208,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                 failures.append(f"{art['format']} artifact failed verification: {report.error}")
                 continue
             # Blob first, row second: a row never points at a missing blob.
+            _stage(db, build_key, f"storing {art['format']} ({report.summary()})")
             info = store.put_file(path)
             new.append(
                 service.NewArtifact(
@@ -239,6 +242,15 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
             compile_s=compile_s,
             log_text="\n".join(logs),
         )
+
+
+def _stage(db: Any, build_key: str, stage: str) -> None:
+    """Tell the job view what the build does now (best effort: progress
+    reporting must never fail a build)."""
+    try:
+        service.set_build_stage(db, build_key, stage)
+    except Exception as exc:
+        log.warning("could not record stage %r of %s: %s", stage, build_key[:12], exc)
 
 
 @app.task(name=SWEEP_TASK, base=FarmTask, bind=True)

@@ -179,6 +179,40 @@ def run_embedded(host: str = "127.0.0.1", port: int = 8000) -> None:
     # handler it found: make that handler unwind this function, so the
     # workers below are stopped with the API rather than left running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     with worker_processes(env, devices=devices, log_dir=s.farm_home / "logs"):
-        print(f"torch-farm (embedded) on http://{host}:{port}  home={s.farm_home}", flush=True)
+        print(f"torch-farm (embedded) starting on {url}  home={s.farm_home}; waiting for "
+              "its compile worker before taking jobs", flush=True)
+        threading.Thread(target=announce_when_ready, args=(url, s), name="farm-ready",
+                         daemon=True).start()
         uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+
+
+READY_TIMEOUT_S = 600.0
+
+
+def announce_when_ready(url: str, settings: Settings, *, timeout_s: float = READY_TIMEOUT_S,
+                        stream: Any = None) -> bool:
+    """Print the URL (and the ``export FARM_URL`` line) once ``/readyz`` says the
+    farm can take a job: a compile worker has started and beats. Printed
+    earlier, a ``farm submit`` right after it failed with "no compile workers
+    are live". Returns whether it got ready within ``timeout_s``."""
+    import httpx
+
+    out = stream or sys.stdout
+    deadline = time.monotonic() + timeout_s
+    why = ""
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{url}/readyz", timeout=5)
+            if r.status_code == 200:
+                print(f"torch-farm (embedded) ready on {url}\n"
+                      f"  export FARM_URL={url}", file=out, flush=True)
+                return True
+            why = str(r.json().get("detail", r.text))
+        except (httpx.HTTPError, ValueError) as exc:
+            why = str(exc)
+        time.sleep(0.5)
+    print(f"torch-farm (embedded): not ready after {timeout_s:.0f} s ({why}); see the worker "
+          f"logs in {settings.farm_home / 'logs'}", file=out, flush=True)
+    return False

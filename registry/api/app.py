@@ -22,10 +22,10 @@ from registry.auth import Authenticator, AuthError, bearer_token
 from registry.blobstore import BlobStore, open_blob_store
 from registry.db import Database, DatabaseUnavailable
 
-from . import artifacts, errors, health, jobs, models, resolve, targets, tokens
+from . import artifacts, errors, health, jobs, keys, lifecycle, models, resolve, targets, tokens
 from .metrics import Metrics
 from .middleware import BodyLimit, RequestMetrics, ResponseCache
-from .signer import Signer
+from .signer import NameSigner
 from .state import AppState, Enqueue, TTLCache
 
 log = logging.getLogger(__name__)
@@ -126,8 +126,8 @@ def create_app(
     app.state.farm = state
     app.state.metrics = metrics
     errors.install(app)
-    for router in (jobs.router, models.router, resolve.router, artifacts.router,
-                   targets.router, tokens.router, health.router):
+    for router in (jobs.router, lifecycle.router, models.router, resolve.router, artifacts.router,
+                   targets.router, tokens.router, keys.router, health.router):
         app.include_router(router)
     # Added innermost first: timing wraps everything, the 413 included.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

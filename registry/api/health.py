@@ -1,4 +1,9 @@
-"""Liveness and metrics: no token needed."""
+"""Liveness, readiness and metrics: no token needed.
+
+``/healthz``: the API and what it stands on (database, blob store) answer.
+``/readyz``: the farm can take a job now, which also needs a live compile
+worker (without one, a job with no named target has nothing to build for).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
+
+from registry import service
 
 from .deps import State
 from .schemas import err
@@ -43,20 +50,41 @@ def _check_blob_store(state: AppState) -> str:
         return _first_line(exc)
 
 
-@router.get("/healthz", responses={503: err("a part is down; `checks` says which")})
-def healthz(state: State) -> JSONResponse:
-    """200 when the database and the blob store answer; 503 naming what does not."""
-    checks: dict[str, Any] = {
-        "database": _check_database(state),
-        "blob_store": _check_blob_store(state),
-    }
+def _check_compile_workers(state: AppState) -> str:
+    try:
+        live = service.live_targets(state.db, max_age_s=state.heartbeat_max_age_s)
+    except Exception as exc:
+        return _first_line(exc)
+    if not live:
+        return ("no compile worker is live yet (starting, or none runs: "
+                "`farm worker compile`); jobs cannot be given a target until one is")
+    return "ok"
+
+
+def _answer(checks: dict[str, Any]) -> JSONResponse:
     down = [k for k, v in checks.items() if v != "ok"]
     if down:
-        log.warning("health check failed: %s", checks)
-        return JSONResponse({"status": "unavailable", "detail": f"{', '.join(down)} down: "
+        log.info("health check: %s", checks)
+        return JSONResponse({"status": "unavailable", "detail": f"{', '.join(down)} not ready: "
                              + "; ".join(f"{k}: {checks[k]}" for k in down),
                              "checks": checks}, status_code=503)
     return JSONResponse({"status": "ok", "checks": checks})
+
+
+@router.get("/healthz", responses={503: err("a part is down; `checks` says which")})
+def healthz(state: State) -> JSONResponse:
+    """200 when the database and the blob store answer; 503 naming what does not."""
+    return _answer({"database": _check_database(state),
+                    "blob_store": _check_blob_store(state)})
+
+
+@router.get("/readyz", responses={503: err("not ready for jobs; `checks` says why")})
+def readyz(state: State) -> JSONResponse:
+    """200 when the farm can take a job: database, blob store and at least one
+    live compile worker."""
+    return _answer({"database": _check_database(state),
+                    "blob_store": _check_blob_store(state),
+                    "compile_workers": _check_compile_workers(state)})
 
 
 @router.get("/metrics", response_class=Response,

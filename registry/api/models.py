@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from registry import service
 
-from .deps import Reader, State, Submitter
+from . import names
+from .deps import Admin, Reader, State, Submitter
+from .lifecycle import forget, remove_blobs
 from .schemas import ALIAS_PATTERN, NAME_PATTERN, PROTECTED, VERSION_PATTERN, err
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=PROTECTED)
@@ -18,6 +20,9 @@ router = APIRouter(prefix="/v1/models", tags=["models"], responses=PROTECTED)
 _ALIAS_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")
 
 ModelName = Annotated[str, Path(max_length=128, json_schema_extra={"pattern": NAME_PATTERN})]
+AliasName = Annotated[str, Path(max_length=64, json_schema_extra={"pattern": ALIAS_PATTERN})]
+VersionName = Annotated[str, Path(max_length=64, json_schema_extra={"pattern": VERSION_PATTERN})]
+Force = Annotated[bool, Query(description="delete even while jobs of it still build")]
 
 
 class AliasIn(BaseModel):
@@ -31,7 +36,9 @@ def _model(state: State, name: str) -> dict[str, Any]:
     for model in service.list_models(state.db):
         if model["name"] == name:
             return model
-    raise service.NotFound(f"no model {name!r}")
+    # The same message (with its "did you mean") as every other lookup.
+    service.list_aliases(state.db, name, history=False)
+    raise service.NotFound(f"no model {name!r}")  # pragma: no cover - raised above
 
 
 @router.get("")
@@ -57,7 +64,7 @@ def set_alias(name: ModelName,
               alias: Annotated[str, Path(max_length=64,
                                          json_schema_extra={"pattern": ALIAS_PATTERN})],
               body: AliasIn,
-              state: State, _: Submitter) -> dict[str, Any]:
+              state: State, who: Submitter) -> dict[str, Any]:
     """Point ``alias`` (e.g. ``prod``) at a version; resolves see it within a second or two."""
     if not _ALIAS_RE.match(alias):
         raise service.InvalidRequest(
@@ -67,7 +74,47 @@ def set_alias(name: ModelName,
         # A ref names a version before an alias, so this alias could never be used.
         raise service.InvalidRequest(f"alias {alias!r} is also a version of {name!r}; "
                                      "a version name always wins, pick another alias")
-    service.set_alias(state.db, name, alias, body.version)
-    state.candidates.invalidate(lambda key: key[0] == name)
-    state.resolve_responses.invalidate()
-    return {"model": name, "alias": alias, "version": body.version}
+    # Signed before the alias moves, for the version this request names.
+    names.bind_alias(state, name, alias, body.version, set_by=who.name)
+    previous = service.set_alias(state.db, name, alias, body.version, actor=who.name)
+    forget(state, name)
+    return {"model": name, "alias": alias, "version": body.version, "previous": previous}
+
+
+@router.get("/{name}/aliases", responses={404: err("no such model")})
+def list_aliases(name: ModelName, state: State, _: Reader,
+                 history: Annotated[bool, Query(description="every move, newest first")] = True,
+                 ) -> dict[str, Any]:
+    """The model's aliases, and every move of each (who moved it, from which version)."""
+    return service.list_aliases(state.db, name, history=history)
+
+
+@router.delete("/{name}/aliases/{alias}", responses={404: err("no such model or alias")})
+def delete_alias(name: ModelName, alias: AliasName, state: State,
+                 who: Submitter) -> dict[str, Any]:
+    """Remove an alias (the move is kept in its history)."""
+    version = service.delete_alias(state.db, name, alias, actor=who.name)
+    forget(state, name)
+    return {"model": name, "alias": alias, "deleted": True, "version": version}
+
+
+@router.delete("/{name}/versions/{version}",
+               responses={404: err("no such model or version"),
+                          422: err("jobs of the version still build (use force)")})
+def delete_version(name: ModelName, version: VersionName, state: State, who: Submitter,
+                   force: Force = False) -> dict[str, Any]:
+    """Delete a version: its jobs, the aliases on it, and the artifacts (and
+    blobs) that no other version uses."""
+    deleted = service.delete_version(state.db, name, version, force=force, actor=who.name)
+    forget(state, name)
+    return {"model": name, "version": version, **remove_blobs(state, deleted)}
+
+
+@router.delete("/{name}", responses={404: err("no such model"),
+                                     422: err("jobs of it still build (use force)")})
+def delete_model(name: ModelName, state: State, who: Admin,
+                 force: Force = False) -> dict[str, Any]:
+    """Delete a model with all its versions (admin)."""
+    deleted = service.delete_model(state.db, name, force=force, actor=who.name)
+    forget(state, name)
+    return {"model": name, **remove_blobs(state, deleted)}

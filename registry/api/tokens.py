@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from registry import auth
+from registry import auth, service
 
 from .deps import Admin, State
-from .schemas import PROTECTED
+from .schemas import PROTECTED, err
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=PROTECTED)
 
@@ -39,9 +39,21 @@ def create_token(body: TokenIn, state: State, who: Admin) -> dict[str, Any]:
     return {"name": body.name.strip(), "role": body.role, "token": token, "created_by": who.name}
 
 
-@router.delete("/{name}")
+@router.get("")
+def list_tokens(state: State, _: Admin,
+                revoked: Annotated[bool, Query(description="include revoked tokens")] = False,
+                ) -> dict[str, Any]:
+    """Every token's name, role and age; the tokens themselves are never kept."""
+    return {"tokens": auth.list_tokens(state.db, include_revoked=revoked)}
+
+
+@router.delete("/{name}", responses={404: err("no live token has this name")})
 def revoke_tokens(name: str, state: State, _: Admin) -> dict[str, Any]:
     """Revoke every token with this name (takes effect within a few seconds)."""
     n = auth.revoke_tokens(state.db, name)
     state.auth.forget()
+    if n == 0:
+        names = sorted({str(t["name"]) for t in auth.list_tokens(state.db)})
+        raise service.NotFound(f"no live token named {name!r}; live tokens: "
+                               f"{', '.join(names) or 'none'}")
     return {"name": name, "revoked": n}

@@ -22,6 +22,13 @@ from registry.convert import artifact_to_record
 from registry.db import Database
 from registry.entities import ArtifactRecord
 from registry.service.common import NotFound
+from registry.service.lifecycle import (
+    find_job_id,
+    model_row,
+    record_alias_event,
+    unknown_ref,
+    version_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +38,10 @@ def _iso(d: datetime | None) -> str | None:
 
 
 def job_view(db: Database, job_id: str) -> dict[str, Any]:
+    """A job with its builds; ``job_id`` may be a unique prefix of the id."""
     with db.session() as s:
-        job = s.get(m.Job, job_id)
-        if job is None:
-            raise NotFound(f"no job {job_id}")
+        job = s.get(m.Job, find_job_id(s, job_id))
+        assert job is not None
         version = s.get(m.ModelVersion, job.version_id)
         assert version is not None
         builds = []
@@ -53,6 +60,8 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
                     "target": b.target,
                     "build_key": b.build_key,
                     "state": b.state,
+                    "stage": b.stage if b.state == "running" else None,
+                    "stage_at": _iso(b.stage_at) if b.state == "running" else None,
                     "attempts": b.attempts,
                     "worker": b.worker,
                     "queued_at": _iso(b.queued_at),
@@ -90,9 +99,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
 
 
 def _version_row(s: Session, name: str, ref: str | None) -> m.ModelVersion:
-    model = s.scalar(select(m.Model).where(m.Model.name == name))
-    if model is None:
-        raise NotFound(f"no model {name!r}")
+    model = model_row(s, name)
     if ref is None:
         alias = s.scalar(
             select(m.Alias).where(m.Alias.model_id == model.id, m.Alias.name == "latest")
@@ -121,7 +128,7 @@ def _version_row(s: Session, name: str, ref: str | None) -> m.ModelVersion:
         v = s.get(m.ModelVersion, alias.version_id)
         assert v is not None
         return v
-    raise NotFound(f"model {name!r} has no version or alias {ref!r}")
+    raise unknown_ref(s, model, ref)
 
 
 def version_candidates(
@@ -139,23 +146,25 @@ def version_candidates(
         return v.version, [artifact_to_record(r) for r in rows]
 
 
-def set_alias(db: Database, name: str, alias: str, version: str) -> None:
+def set_alias(db: Database, name: str, alias: str, version: str, *,
+              actor: str | None = None) -> str | None:
+    """Point ``alias`` at ``version``; returns the version it pointed at before
+    (None for a new alias). Every move is kept (``alias_events``)."""
     with db.session() as s:
-        model = s.scalar(select(m.Model).where(m.Model.name == name))
-        if model is None:
-            raise NotFound(f"no model {name!r}")
-        v = s.scalar(
-            select(m.ModelVersion).where(
-                m.ModelVersion.model_id == model.id, m.ModelVersion.version == version
-            )
-        )
-        if v is None:
-            raise NotFound(f"model {name!r} has no version {version!r}")
+        model = model_row(s, name)
+        v = version_row(s, model, version)
         row = s.scalar(select(m.Alias).where(m.Alias.model_id == model.id, m.Alias.name == alias))
+        previous: str | None = None
         if row is None:
             s.add(m.Alias(model_id=model.id, name=alias, version_id=v.id))
         else:
+            old = s.get(m.ModelVersion, row.version_id)
+            previous = old.version if old is not None else None
             row.version_id = v.id
+        if previous != version:
+            record_alias_event(s, model=name, alias=alias, version=version, previous=previous,
+                               actor=actor)
+        return previous
 
 
 def list_models(db: Database) -> list[dict[str, Any]]:
