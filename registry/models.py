@@ -117,6 +117,24 @@ class Alias(Base):
     )
 
 
+class AliasEvent(Base):
+    """Every move of an alias, kept: the history a rollback reads.
+
+    Names, not ids: the history outlives a deleted version or alias."""
+
+    __tablename__ = "alias_events"
+    __table_args__ = (Index("ix_alias_events_model_alias", "model", "alias"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(128))
+    alias: Mapped[str] = mapped_column(String(64))
+    # None: the alias was deleted.
+    version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    previous: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    actor: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 class Job(Base):
     __tablename__ = "jobs"
 
@@ -169,6 +187,10 @@ class Build(Base):
     first_call_compiles: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     log: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # What a running build is doing now (compiling, verifying aoti, storing),
+    # and since when: a build takes minutes, and `farm status` says which part.
+    stage: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    stage_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     job: Mapped[Job] = relationship(back_populates="builds")
 
