@@ -12,11 +12,8 @@ from farm.core.target import Target
 from registry.dispatch import COMPILE_TASK, TRACE_QUEUE, TRACE_TASK
 
 __all__ = [
-    "COMPILE_TASK", "SWEEP_TASK", "TASK_ROUTES", "TRACE_QUEUE", "TRACE_TASK", "compile_queue",
+    "COMPILE_TASK", "TASK_ROUTES", "TRACE_QUEUE", "TRACE_TASK", "compile_queue",
 ]
-
-SWEEP_TASK = "farm.sweep"
-
 
 def compile_queue(target: Target | str) -> str:
     t = Target.parse(target) if isinstance(target, str) else target
@@ -25,6 +22,5 @@ def compile_queue(target: Target | str) -> str:
 
 TASK_ROUTES = {
     TRACE_TASK: {"queue": TRACE_QUEUE},
-    SWEEP_TASK: {"queue": TRACE_QUEUE},
     # COMPILE_TASK is routed per call: apply_async(queue=compile_queue(target)).
 }

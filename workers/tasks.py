@@ -26,7 +26,7 @@ from registry import service
 from registry.db import DatabaseUnavailable
 from workers import context
 from workers.app import app
-from workers.routing import COMPILE_TASK, SWEEP_TASK, TRACE_TASK
+from workers.routing import COMPILE_TASK, TRACE_TASK
 
 log = logging.getLogger(__name__)
 
@@ -251,14 +251,3 @@ def _stage(db: Any, build_key: str, stage: str) -> None:
         service.set_build_stage(db, build_key, stage)
     except Exception as exc:
         log.warning("could not record stage %r of %s: %s", stage, build_key[:12], exc)
-
-
-@app.task(name=SWEEP_TASK, base=FarmTask, bind=True)
-def sweep_task(self: Task) -> dict[str, Any]:
-    """Re-enqueue compile claims whose worker died or whose task never got sent."""
-    db = context.database()
-    again = service.requeue_stale_claims(db, max_age_s=context.heartbeat_max_age_s())
-    for d in again:
-        log.warning("re-enqueueing stale build %s for %s", d.build_key[:12], d.target)
-        enqueue_compile(d)
-    return {"requeued": len(again)}
