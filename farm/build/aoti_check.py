@@ -1,143 +1,118 @@
 """Whether AOTInductor packages built on this host load here, checked once.
 
-On the H200 image (torch 2.11.0+cu130, g++ 13.3) every AOTI package built
-there crashed at load, SIGSEGV in ``AOTIModelPackageLoader``'s constructor,
-CPU and CUDA alike, torch's own ``aoti_load_package`` too; a package built by
-the same torch wheel on another host (g++ 12) loaded and matched eager on that
-same H200, and on this CPU host torch 2.11 and 2.13 build packages that load
-(``bench/probe_aoti_cuda.py``, ``bench/results/probe_aoti-*``). So whether a
-compile worker should build AOTI packages is a property of its host's
-toolchain, not of the torch version: the worker builds a tiny weight-free
-package, loads and runs it in a child process, and remembers the answer per
-machine under a key of torch, the C++ compiler and the device
+On the H200 image (torch 2.11.0+cu130) every AOTI package built there crashed
+at load, SIGSEGV in ``AOTIModelPackageLoader``'s constructor: Inductor
+compiled with ``$CXX`` (``/opt/gcc/bin/g++``), which linked a static copy of
+libstdc++ into the package (``farm.build.toolchain`` says how). So the answer
+is a property of the compiler a worker uses, and the worker chooses one that
+passes (``farm.build.toolchain.choose_compiler``); this module is the check
+each candidate must pass: build a tiny weight-free package with it in one
+child process, read the package's ELF linkage, load and run it in another
+child and compare with eager. The answer is kept per machine
 (``FARM_AOTI_CHECK_CACHE``, else ``~/.cache/torch-farm/aoti-check.json``).
 
-    python -m farm.build.aoti_check [cpu|cuda]     # run the check now, print the answer
+    python -m farm.build.aoti_check [cpu|cuda]     # choose now, print the answer
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import json
 import logging
-import platform
+import os
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from farm.core.cpu_isa import cache_file, cxx_identity, read_cache_file, write_cache_file
+from farm.build.toolchain import CHECK_CACHE_ENV, Probe, compiler_for
 
 log = logging.getLogger(__name__)
 
-CHECK_CACHE_ENV = "FARM_AOTI_CHECK_CACHE"
 OK = "ok"
-_MAX_ENTRIES = 16
 # A first AOTI build on a host compiles its runtime headers: a minute on the H200.
 BUILD_TIMEOUT_S = 600
 LOAD_TIMEOUT_S = 120
+_INFO = "inductor.json"
 
 
 def aoti_loads_here(device: str) -> tuple[bool, str]:
     """(whether an AOTI package built here for ``device`` loads and runs
-    here, "ok" or why not). Cached per machine; a build that fails (rather
-    than a load that crashes) is not cached, as it may be passing."""
-    device = device.split(":")[0]
-    path = cache_file(CHECK_CACHE_ENV, "aoti-check.json")
-    key = _key(device)
-    entries = read_cache_file(path) if path is not None else {}
-    hit = entries.get(key)
-    if hit is not None:
-        return hit == OK, hit
-    with _machine_lock(path):
-        # Workers starting together on one machine: one probes, the others
-        # wait for its answer instead of compiling beside it.
-        entries = read_cache_file(path) if path is not None else {}
-        hit = entries.get(key)
-        if hit is not None:
-            return hit == OK, hit
-        return _probe_and_store(device, path, key, entries)
+    here, "ok" or why not). Chooses this machine's compiler for ``device``
+    (cached per machine) and makes it this process's (``CXX``)."""
+    choice = compiler_for(device)
+    return (True, OK) if choice.ok else (False, choice.why_not())
 
 
-def _probe_and_store(
-    device: str, path: Path | None, key: str, entries: dict[str, str]
-) -> tuple[bool, str]:
-    answer, definitive = _probe(device)
-    if definitive and path is not None:
-        entries.pop(key, None)
-        entries[key] = answer
-        while len(entries) > _MAX_ENTRIES:
-            del entries[next(iter(entries))]
-        write_cache_file(path, entries)
-    if answer != OK:
-        log.warning("AOTI packages built on this host for %s do not load here (%s): "
-                    "building aot_compile artifacts only", device, answer)
-    return answer == OK, answer
+def probe_compiler(device: str, cxx: str) -> Probe:
+    """Build with ``cxx`` in one child, check the linkage, load and run in
+    another child. Reasons are short phrases (they go into logs and build
+    metadata); a build that fails or times out is not definitive."""
+    from farm.core.elf import ElfError, libstdcxx_provides, missing_versions, package_linkage
 
-
-@contextlib.contextmanager
-def _machine_lock(path: Path | None) -> Iterator[None]:
-    """An exclusive lock next to the cache file (none without a cache)."""
-    if path is None:
-        yield
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115
-    except OSError:
-        yield
-        return
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def _key(device: str) -> str:
-    import torch
-
-    parts = {
-        "v": 1,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cxx": cxx_identity(),
-        "device": device,
-        "cuda": torch.version.cuda if device == "cuda" else None,
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
-def _probe(device: str) -> tuple[str, bool]:
-    """Build in one child, load and run in another: (answer, definitive).
-    Values are lower-case words only (the cache file's format)."""
     with tempfile.TemporaryDirectory(prefix="farm-aoti-check-") as tmp:
         package = Path(tmp) / "check.pt2"
-        steps = (("build", BUILD_TIMEOUT_S), ("load", LOAD_TIMEOUT_S))
-        for step, timeout in steps:
-            try:
-                res = subprocess.run(
-                    [sys.executable, "-m", "farm.build.aoti_check", f"--{step}", device,
-                     str(package)],
-                    capture_output=True, text=True, timeout=timeout,
-                )
-            except subprocess.TimeoutExpired:
-                return f"{step} timed out", step == "load"
-            if res.returncode < 0:
-                try:
-                    name = signal.Signals(-res.returncode).name.lower()
-                except ValueError:
-                    name = f"signal {-res.returncode}"
-                return f"{step} crashed {name}", step == "load"
-            if res.returncode != 0:
-                tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or [""]
-                log.warning("AOTI check %s for %s failed: %s", step, device, tail[0][:300])
-                return f"{step} failed", step == "load"
-    return OK, True
+        env = {**os.environ, "CXX": cxx,
+               # A fresh Inductor cache: a kernel another compiler built must
+               # not stand in for this one's.
+               "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor"),
+               "TRITON_CACHE_DIR": str(Path(tmp) / "triton")}
+        failed = _child("build", device, package, env, BUILD_TIMEOUT_S)
+        if failed is not None:
+            return failed
+        info = _read_info(package)
+        used = info.get("inductor_cxx")
+        if used != cxx:
+            return Probe(f"inductor compiled with {used!r}, not {cxx!r}", definitive=True)
+        try:
+            linkage = package_linkage(package)
+        except (ElfError, OSError, ValueError) as exc:
+            return Probe(f"package unreadable: {exc}", definitive=True)
+        if not linkage["links_shared_libstdcxx"]:
+            return Probe("links no shared libstdc++.so.6 (a static copy: two libstdc++ "
+                         "in one process crash)", linkage=linkage)
+        needs = linkage["libstdcxx_needs"]
+        assert isinstance(needs, list)
+        missing = missing_versions(needs, libstdcxx_provides())
+        if missing:
+            return Probe(f"needs {', '.join(missing)}, which this process's libstdc++ lacks",
+                         linkage=linkage)
+        failed = _child("load", device, package, env, LOAD_TIMEOUT_S)
+        if failed is not None:
+            return Probe(failed.reason, failed.definitive, linkage)
+        return Probe(OK, linkage=linkage)
+
+
+def _child(step: str, device: str, package: Path, env: dict[str, str],
+           timeout: float) -> Probe | None:
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "farm.build.aoti_check", f"--{step}", device, str(package)],
+            capture_output=True, text=True, timeout=timeout, env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return Probe(f"{step} timed out", definitive=step == "load")
+    if res.returncode < 0:
+        try:
+            name = signal.Signals(-res.returncode).name.lower()
+        except ValueError:
+            name = f"signal {-res.returncode}"
+        return Probe(f"{step} crashed {name}", definitive=step == "load")
+    if res.returncode != 0:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or [""]
+        log.warning("AOTI check %s for %s with %s failed: %s", step, device, env.get("CXX"),
+                    tail[0][:300])
+        return Probe(f"{step} failed: {tail[0][:160]}", definitive=step == "load")
+    return None
+
+
+def _read_info(package: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(package.with_name(_INFO).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _tiny(device: str) -> Any:
@@ -156,6 +131,10 @@ def _build(device: str, package: Path) -> None:
     with torch.no_grad():
         ep = torch.export.export(model, (x,), strict=False)
     # As farm.build.compile.compile_aoti builds them: weight-free.
+    from farm.build.toolchain import inductor_compiler
+
+    # What Inductor itself will run: the parent checks it is the candidate.
+    package.with_name(_INFO).write_text(json.dumps({"inductor_cxx": inductor_compiler()}))
     torch._inductor.aoti_compile_and_package(
         ep, package_path=str(package),
         inductor_configs={"aot_inductor.package_constants_in_so": False,
@@ -184,9 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         (_build if args[0] == "--build" else _load)(args[1], Path(args[2]))
         return 0
     device = args[0] if args else "cpu"
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     ok, why = aoti_loads_here(device)
-    print(f"AOTI packages built here for {device}: {'load' if ok else 'do not load'} ({why})")
+    print(f"AOTI packages built here for {device}: {'load' if ok else 'do not load'} ({why}); "
+          f"CXX={os.environ.get('CXX')}")
     return 0 if ok else 1
+
+
+__all__ = ["CHECK_CACHE_ENV", "OK", "aoti_loads_here", "probe_compiler"]
 
 
 if __name__ == "__main__":

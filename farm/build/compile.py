@@ -55,6 +55,7 @@ import torch
 from torch import nn
 
 from farm.core.digests import sha256_file
+from farm.core.elf import package_linkage
 from farm.core.modelref import (
     apply_grad_mode,
     build_module,
@@ -174,6 +175,7 @@ def compile_artifacts(
     }
     if device.type == "cpu":
         common["cpu_isa"] = inductor_isa()
+    common["cxx"] = cxx_identity()
     out: list[CompiledArtifact] = []
     for fmt in wanted:
         path = out_dir / ARTIFACT_FILES[fmt]
@@ -500,6 +502,16 @@ class _FunctionModule(nn.Module):
         return self.fn(*args)
 
 
+def cxx_identity() -> str:
+    """The compiler Inductor runs in this process, as artifacts record it."""
+    from farm.build.toolchain import compiler_identity, inductor_compiler
+
+    try:
+        return compiler_identity(inductor_compiler())
+    except Exception as exc:  # no compiler at all: a CUDA aot_compile build needs none
+        return f"none ({type(exc).__name__})"
+
+
 def inductor_isa() -> str:
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
@@ -593,7 +605,17 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
             ep, package_path=str(path), inductor_configs=configs
         )
     lower_s = time.perf_counter() - t0
+    linkage = package_linkage(path)
+    if not linkage["links_shared_libstdcxx"]:
+        # A static libstdc++ beside the process's shared one crashed the
+        # loader on the H200 (farm.build.toolchain): never ship one.
+        raise AOTIUnsupported(
+            f"the package's library links no shared libstdc++.so.6 (compiled with "
+            f"{cxx_identity()}): a static copy crashes at load; farm.build.toolchain "
+            "chooses a compiler that links it shared"
+        )
     return {
+        "libstdcxx_needs": linkage["libstdcxx_needs"],
         "export_s": round(export_s, 3),
         "lower_s": round(lower_s, 3),
         "constants": len(constants),

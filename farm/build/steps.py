@@ -21,19 +21,57 @@ def trace_step(payload: dict[str, Any]) -> dict[str, Any]:
 
 def compile_env(build_dir: str | Path) -> dict[str, str]:
     """Environment for a compile child: an Inductor and Triton cache of the
-    build's own, so what the build tunes is exactly what ships with it."""
-    return {
+    build's own, so what the build tunes is exactly what ships with it; and
+    the C++ compiler this worker chose (``farm.build.toolchain``), named
+    rather than left to the inherited ``CXX``."""
+    from farm.build.toolchain import current_compiler
+
+    env = {
         "TORCHINDUCTOR_CACHE_DIR": str(Path(build_dir) / "inductor-cache"),
         "TRITON_CACHE_DIR": str(Path(build_dir) / "triton-cache"),
     }
+    cxx = current_compiler()
+    if cxx is not None:
+        env["CXX"] = cxx
+    return env
+
+
+class GraphMismatch(Exception):
+    """The compile worker's build of the model is not the graph the trace fingerprinted."""
+
+
+def check_graph(spec: JobSpec, expected: str) -> dict[str, Any]:
+    """Trace ``spec`` again where it is about to be compiled and compare the
+    fingerprint with the trace stage's: the build key names that graph, so an
+    artifact of any other (code that builds differently here: randomness, the
+    host, the time) must not be stored under it. Returns what the artifact
+    records about its code."""
+    import torch
+
+    from farm.build.trace import trace
+
+    report = trace(spec)
+    if report.fingerprint != expected:
+        raise GraphMismatch(
+            f"the compile worker's build of {spec.model.entrypoint} is not the graph the trace "
+            f"fingerprinted (here {report.fingerprint[:12]}, traced {expected[:12]}): the "
+            "model's code builds a different graph from one process to the next (randomness, "
+            "the time, the host, an environment variable), or this worker's torch "
+            f"({torch.__version__}) captures it differently from the tracer's; make the "
+            "factory deterministic")
+    return {"model_class": report.model_class, "code_digest": spec.code_digest,
+            "entrypoint": spec.model.entrypoint, "graph_hash": report.graph_hash,
+            "graph_checked": True}
 
 
 def compile_step(payload: dict[str, Any]) -> dict[str, Any]:
     from farm.build.compile import CHECK_AOTI, compile_artifacts
 
     spec = JobSpec.from_json(payload["spec"])
+    code = check_graph(spec, payload["fingerprint"]) if payload.get("fingerprint") else {}
     # The worker answers farm.build.aoti_check outside the sandbox (it is the
     # host's question, and must not spend the model's time limit).
     arts = compile_artifacts(spec, payload["device"], Path(payload["out_dir"]),
                              aoti_unavailable=payload.get("aoti_unavailable", CHECK_AOTI))
-    return {"artifacts": [{"path": str(a.path), "format": a.format, "meta": a.meta} for a in arts]}
+    return {"artifacts": [{"path": str(a.path), "format": a.format, "meta": {**a.meta, **code}}
+                          for a in arts]}

@@ -18,6 +18,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -304,7 +305,7 @@ def read_cache_file(path: Path) -> dict[str, str]:
     }
 
 
-def write_cache_file(path: Path, entries: dict[str, str]) -> None:
+def write_cache_file(path: Path, entries: Mapping[str, Any]) -> None:
     """Replace the cache file atomically (temp file + ``os.replace``); errors
     are ignored. Concurrent writers: the last one wins."""
     tmp: str | None = None

@@ -1,76 +1,171 @@
-"""farm.build.aoti_check: whether AOTI packages built on this host load here, once per machine."""
+"""farm.build.toolchain + farm.build.aoti_check: the compile worker's C++
+compiler, the first candidate whose AOTI packages build, link the shared
+libstdc++ and load here; chosen once per machine."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
-from farm.build import aoti_check
+from farm.build import aoti_check, toolchain
+from farm.build.toolchain import Probe
 
-_calls: list[str] = []
 
-
-def calls() -> list[str]:
-    """The devices probed so far in this test."""
-    return _calls
+def fake_compiler(d: Path, name: str) -> str:
+    p = d / name
+    p.write_text("#!/bin/sh\necho 'fake 1.0'\n")
+    p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return str(p)
 
 
 @pytest.fixture
-def probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
-    """Answers the next probes give (popped in order); the test's own cache file."""
+def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A PATH of its own, a cache file of its own, no CXX."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    monkeypatch.setenv("PATH", str(d))
+    monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("FARM_AOTI_CHECK_CACHE", str(tmp_path / "aoti-check.json"))
-    answers: list[tuple[str, bool]] = []
-    _calls.clear()
-
-    def fake_probe(device: str) -> tuple[str, bool]:
-        _calls.append(device)
-        return answers.pop(0)
-
-    monkeypatch.setattr(aoti_check, "_probe", fake_probe)
-    return answers
+    monkeypatch.setattr(toolchain, "_current", None)
+    return d
 
 
-def test_a_good_answer_is_probed_once_per_machine(probes: list[tuple[str, bool]]) -> None:
-    probes.append(("ok", True))
-    assert aoti_check.aoti_loads_here("cpu") == (True, "ok")
-    assert aoti_check.aoti_loads_here("cpu") == (True, "ok")
-    assert calls() == ["cpu"]
+class Probes:
+    """Answers per compiler name; records what was probed."""
+
+    def __init__(self, answers: dict[str, list[Probe]]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, device: str, cxx: str) -> Probe:
+        self.calls.append((device, os.path.basename(cxx)))
+        return self.answers[os.path.basename(cxx)].pop(0)
 
 
-def test_a_load_crash_is_remembered(probes: list[tuple[str, bool]], tmp_path: Path) -> None:
-    probes.append(("load crashed sigsegv", True))
-    assert aoti_check.aoti_loads_here("cuda:0") == (False, "load crashed sigsegv")
-    assert aoti_check.aoti_loads_here("cuda") == (False, "load crashed sigsegv")
-    assert calls() == ["cuda"]
-    assert list(json.loads((tmp_path / "aoti-check.json").read_text()).values()) == [
-        "load crashed sigsegv"]
+def test_candidates_cxx_first_then_path_then_versioned_newest_first(
+    bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gxx = fake_compiler(bin_dir, "g++")
+    cxx_link = bin_dir / "c++"
+    cxx_link.symlink_to(gxx)  # the same file by another name: tried once
+    g12 = fake_compiler(bin_dir, "g++-12")
+    g9 = fake_compiler(bin_dir, "g++-9")
+    other = tmp_path / "opt"
+    other.mkdir()
+    wrapper = fake_compiler(other, "g++")
+    monkeypatch.setenv("CXX", wrapper)
+    assert toolchain.candidates() == [wrapper, gxx, g12, g9]
 
 
-def test_a_failed_build_is_asked_again(probes: list[tuple[str, bool]]) -> None:
-    probes += [("build failed", False), ("ok", True)]
-    assert aoti_check.aoti_loads_here("cpu") == (False, "build failed")
-    assert aoti_check.aoti_loads_here("cpu") == (True, "ok")
-    assert calls() == ["cpu", "cpu"]
+def test_a_missing_cxx_is_listed_and_rejected(
+    bin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_compiler(bin_dir, "g++")
+    monkeypatch.setenv("CXX", "/nowhere/g++")
+    probes = Probes({"g++": [Probe("ok")]})
+    choice = toolchain.choose_compiler("cpu", probe=probes)
+    assert choice.cxx == str(bin_dir / "g++")
+    assert choice.rejected == (("/nowhere/g++", "not found or not executable"),)
 
 
-def test_devices_are_checked_apart(probes: list[tuple[str, bool]]) -> None:
-    probes += [("ok", True), ("load crashed sigsegv", True)]
-    assert aoti_check.aoti_loads_here("cpu")[0]
-    assert not aoti_check.aoti_loads_here("cuda")[0]
-    assert aoti_check.aoti_loads_here("cpu")[0]
-    assert calls() == ["cpu", "cuda"]
+def test_the_first_that_passes_is_chosen_and_remembered(
+    bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = tmp_path / "opt"
+    other.mkdir()
+    wrapper = fake_compiler(other, "wrapper-g++")
+    monkeypatch.setenv("CXX", wrapper)
+    gxx = fake_compiler(bin_dir, "g++")
+    fake_compiler(bin_dir, "g++-12")
+    static = "links no shared libstdc++.so.6 (a static copy)"
+    probes = Probes({"wrapper-g++": [Probe(static)], "g++": [Probe("ok", linkage={"x": 1})]})
+    choice = toolchain.choose_compiler("cuda:0", probe=probes)
+    assert choice.cxx == gxx and choice.ok
+    assert choice.rejected == ((wrapper, static),)
+    assert choice.identity == f"{gxx}: fake 1.0"
+    assert choice.linkage == {"x": 1}
+    # Cached per machine: a second worker does not probe again (g++-12 never was).
+    again = toolchain.choose_compiler("cuda", probe=probes)
+    assert again == choice
+    assert probes.calls == [("cuda", "wrapper-g++"), ("cuda", "g++")]
+    stored = json.loads((tmp_path / "aoti-check.json").read_text())
+    assert [v["cxx"] for v in stored.values()] == [gxx]
 
 
-def test_off_never_caches(probes: list[tuple[str, bool]], monkeypatch: pytest.MonkeyPatch,
-                          tmp_path: Path) -> None:
+def test_a_changed_compiler_is_checked_again(bin_dir: Path) -> None:
+    gxx = fake_compiler(bin_dir, "g++")
+    probes = Probes({"g++": [Probe("ok"), Probe("load crashed sigsegv")]})
+    assert toolchain.choose_compiler("cpu", probe=probes).ok
+    Path(gxx).write_text("#!/bin/sh\necho 'fake 2.0, upgraded in place'\n")
+    assert not toolchain.choose_compiler("cpu", probe=probes).ok
+    assert len(probes.calls) == 2
+
+
+def test_devices_are_checked_apart(bin_dir: Path) -> None:
+    fake_compiler(bin_dir, "g++")
+    probes = Probes({"g++": [Probe("ok"), Probe("load crashed sigsegv")]})
+    assert toolchain.choose_compiler("cpu", probe=probes).ok
+    assert not toolchain.choose_compiler("cuda", probe=probes).ok
+    assert toolchain.choose_compiler("cpu", probe=probes).ok
+    assert probes.calls == [("cpu", "g++"), ("cuda", "g++")]
+
+
+def test_a_passing_failure_is_asked_again_a_definitive_one_is_not(bin_dir: Path) -> None:
+    fake_compiler(bin_dir, "g++")
+    probes = Probes({"g++": [Probe("build failed: disk full", definitive=False),
+                             Probe("load crashed sigsegv"), Probe("ok")]})
+    assert toolchain.choose_compiler("cpu", probe=probes).why_not() == (
+        f"{bin_dir / 'g++'}: build failed: disk full")
+    assert not toolchain.choose_compiler("cpu", probe=probes).ok
+    assert not toolchain.choose_compiler("cpu", probe=probes).ok  # remembered
+    assert len(probes.calls) == 2
+
+
+def test_off_never_caches(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FARM_AOTI_CHECK_CACHE", "off")
-    probes += [("ok", True), ("ok", True)]
-    aoti_check.aoti_loads_here("cpu")
-    aoti_check.aoti_loads_here("cpu")
-    assert calls() == ["cpu", "cpu"]
+    fake_compiler(bin_dir, "g++")
+    probes = Probes({"g++": [Probe("ok"), Probe("ok")]})
+    toolchain.choose_compiler("cpu", probe=probes)
+    toolchain.choose_compiler("cpu", probe=probes)
+    assert len(probes.calls) == 2
     assert not (tmp_path / "aoti-check.json").exists()
+
+
+def test_a_corrupt_or_old_cache_is_probed_again(bin_dir: Path, tmp_path: Path) -> None:
+    fake_compiler(bin_dir, "g++")
+    (tmp_path / "aoti-check.json").write_text(json.dumps({"k": "ok", "j": {"cxx": 3}}))
+    probes = Probes({"g++": [Probe("ok")]})
+    assert toolchain.choose_compiler("cpu", probe=probes).ok
+    assert len(probes.calls) == 1
+
+
+def test_the_chosen_compiler_becomes_the_process_and_its_childrens(
+    bin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch._inductor.config as config
+
+    gxx = fake_compiler(bin_dir, "g++")
+    monkeypatch.setattr(config.cpp, "cxx", config.cpp.cxx)
+    monkeypatch.setattr(aoti_check, "compiler_for", toolchain.compiler_for)
+    monkeypatch.setattr("farm.build.aoti_check.probe_compiler", lambda d, c: Probe("ok"))
+    assert aoti_check.aoti_loads_here("cpu") == (True, "ok")
+    assert os.environ["CXX"] == gxx
+    assert config.cpp.cxx == (None, gxx)
+    from farm.build.steps import compile_env
+
+    assert compile_env("/tmp/b")["CXX"] == gxx
+
+
+def test_no_passing_compiler_says_why(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_compiler(bin_dir, "g++")
+    monkeypatch.setattr("farm.build.aoti_check.probe_compiler",
+                        lambda d, c: Probe("load crashed sigsegv"))
+    ok, why = aoti_check.aoti_loads_here("cuda")
+    assert not ok and why == f"{bin_dir / 'g++'}: load crashed sigsegv"
 
 
 def test_a_crashing_child_is_named_by_its_signal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,8 +175,10 @@ def test_a_crashing_child_is_named_by_its_signal(monkeypatch: pytest.MonkeyPatch
         def __init__(self, rc: int) -> None:
             self.returncode, self.stdout, self.stderr = rc, "", "boom"
 
-    codes = iter([0, -11])
+    codes = iter([-11])
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: Done(next(codes)))
-    assert aoti_check._probe("cpu") == ("load crashed sigsegv", True)
+    got = aoti_check.probe_compiler("cpu", "/usr/bin/g++")
+    assert (got.reason, got.definitive) == ("build crashed sigsegv", False)
     codes = iter([1])
-    assert aoti_check._probe("cpu") == ("build failed", False)
+    got = aoti_check.probe_compiler("cpu", "/usr/bin/g++")
+    assert (got.reason, got.definitive) == ("build failed: boom", False)
