@@ -32,6 +32,11 @@ JOBS: dict[str, dict[str, Any]] = {
         "model": {"entrypoint": "farm.zoo.basic:mlp"},
         "inputs": ["float32[8,64]"],
     },
+    "smoke-mlp-train": {
+        "model": {"entrypoint": "farm.zoo.basic:mlp"},
+        "inputs": ["float32[8,64]"],
+        "grad_mode": "training",
+    },
     # bench/coldstart.py --device cpu --model transformer --farm-url ... serves this.
     "transformer-cpu": {
         "model": {"entrypoint": "farm.zoo.basic:small_transformer"},
@@ -144,6 +149,13 @@ def rows_of(name: str, job: dict[str, Any]) -> list[dict[str, Any]]:
             "load_s": art.get("load_s"),
             "first_call_s": art.get("first_call_s"),
             "first_call_compiles": art.get("first_call_compiles"),
+            # What the package's .so needs from the node's libstdc++ (newest
+            # GLIBCXX version), and the compiler that built it.
+            "libstdcxx_max": max(
+                (v for v in meta.get("libstdcxx_needs") or [] if v.startswith("GLIBCXX_")),
+                key=lambda v: [int(x) for x in v.split("_")[1].split(".") if x.isdigit()],
+                default=None),
+            "cxx": meta.get("cxx"),
             "error": error or (f"dropped: {dropped}" if dropped else ""),
         })
     return out
@@ -171,11 +183,21 @@ def main(argv: list[str] | None = None) -> int:
 
     from farm.node.client import FarmClient
 
+    # `timeout` (scripts/gpu_check.sh) sends SIGTERM: run the finally below
+    # (partial table, or the farm stopped) instead of dying where we stand.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     port = free_port()
     proc, env = start_farm(a.home, port, a.device)
+    if a.keep:
+        # Written at once: a run killed while it waits still names its farm.
+        (a.home / "serve.pid").write_text(str(proc.pid))
+        (a.home / "url").write_text(env["FARM_URL"])
     os.environ.update({"FARM_URL": env["FARM_URL"], "FARM_HOME": env["FARM_HOME"]})
     client = FarmClient(env["FARM_URL"])
     t0 = time.monotonic()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = "?"
+    rows: list[dict[str, Any]] = []
     try:
         target = wait_ready(client, proc, a.home, 180, a.device)
         print(
@@ -188,7 +210,6 @@ def main(argv: list[str] | None = None) -> int:
         for n in names:
             spec = {"name": n, "version": "1", "targets": [a.device], **JOBS[n]}
             ids[n] = client.submit(spec)["id"]
-        rows = []
         deadline = time.monotonic() + a.timeout
         for n in names:
             left = max(5.0, deadline - time.monotonic())
@@ -199,39 +220,29 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows_of(n, job):
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-        cols = [
-            "job",
-            "format",
-            "state",
-            "compile_s",
-            "bytes",
-            "verified",
-            "max_abs_err",
-            "tol",
-            "load_s",
-            "first_call_s",
-            "first_call_compiles",
-            "error",
-        ]
-        lines = [f"bench/gpu_farm.py on {target}", "  ".join(cols)]
-        lines += ["  ".join(fmt(r[c]) for c in cols) for r in rows]
-        text = "\n".join(lines)
-        print(text, flush=True)
-        a.out.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        (a.out / f"gpu_farm-{stamp}.txt").write_text(text + "\n")
-        (a.out / f"gpu_farm-{stamp}.json").write_text(json.dumps(rows, indent=1))
+            write_table(a.out, stamp, target, rows)
+        print(write_table(a.out, stamp, target, rows), flush=True)
         return 0
     finally:
-        if a.keep:
-            (a.home / "serve.pid").write_text(str(proc.pid))
-            (a.home / "url").write_text(env["FARM_URL"])
-        else:
+        if not a.keep:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def write_table(out: Path, stamp: str, target: str, rows: list[dict[str, Any]]) -> str:
+    """The builds so far as a table (.txt) and rows (.json); returns the table."""
+    cols = ["job", "format", "state", "compile_s", "bytes", "verified", "max_abs_err", "tol",
+            "load_s", "first_call_s", "first_call_compiles", "libstdcxx_max", "cxx", "error"]
+    lines = [f"bench/gpu_farm.py on {target}", "  ".join(cols)]
+    lines += ["  ".join(fmt(r.get(c)) for c in cols) for r in rows]
+    text = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"gpu_farm-{stamp}.txt").write_text(text + "\n")
+    (out / f"gpu_farm-{stamp}.json").write_text(json.dumps(rows, indent=1))
+    return text
 
 
 if __name__ == "__main__":
