@@ -8,6 +8,13 @@ import sys
 import time
 from typing import Any
 
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress as RichProgress
+from rich.progress import SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
 from farm.core.target import Target, TargetError
 
 log = logging.getLogger(__name__)
@@ -21,9 +28,6 @@ class UsageError(Exception):
 
 class CommandFailed(Exception):
     """The command ran and did not succeed (exit 1); the message is the one line."""
-
-
-
 
 
 def _print_json(value: Any) -> None:
@@ -54,37 +58,80 @@ def _short_target(text: str) -> str:
     return f"cpu {t.cpu_isa or ''}".strip() + (f" x{t.threads}" if t.threads else "")
 
 
-class Progress:
-    """Job progress on stderr: one updating line on a terminal, else a line per change."""
+def stages(view: dict[str, Any]) -> list[tuple[str, str]]:
+    """``[(what, stage)]`` of a job view: the job's own row (queued, tracing,
+    compiling, its end state), then one per build (queued, compiling,
+    verifying FORMAT, storing FORMAT, its end state)."""
+    job = f"job {str(view.get('id', ''))[:8]}"
+    rows = [(job, str(view.get("state") or "queued"))]
+    for b in view.get("builds") or []:
+        state = str(b.get("state"))
+        stage = str(b.get("stage") or state) if state == "running" else state
+        rows.append((f"{job} {_short_target(str(b.get('target')))}", stage))
+    return rows
 
-    def __init__(self, stream: Any = None) -> None:
-        self.stream = stream or sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+_DONE = frozenset({"succeeded", "failed", "partial", "reused", "cancelled"})
+
+
+class Progress:
+    """Build progress on stderr, from the job views ``FarmClient.wait`` polls.
+
+    On a terminal, a rich live display: a row per build with its stage and the
+    time spent in that stage. Piped, one plain line per stage change (with the
+    seconds since the wait began), so a log shows every stage once.
+    """
+
+    def __init__(self, stream: Any = None, *, console: Console | None = None) -> None:
+        self.console = console or Console(file=stream or sys.stderr, highlight=False)
+        self.tty = self.console.is_terminal
         self.start = time.monotonic()
-        self.last = ""
-        self.width = 0
+        self.seen: dict[str, str] = {}
+        self._bar: RichProgress | None = None
+        self._rows: dict[str, TaskID] = {}
 
     def __call__(self, view: dict[str, Any]) -> None:
-        builds = view.get("builds") or []
-        per = ", ".join(f"{_short_target(str(b.get('target')))}: {b.get('state')}"
-                        for b in builds) or "tracing"
-        summary = f"job {str(view.get('id', ''))[:8]} {view.get('state')}  [{per}]"
-        elapsed = time.monotonic() - self.start
-        if self.tty:
-            line = f"{summary}  {elapsed:.0f}s"
-            pad = max(0, self.width - len(line))
-            self.stream.write(f"\r{line}{' ' * pad}")
-            self.width = len(line)
-            self.stream.flush()
-        elif summary != self.last:
-            self.stream.write(f"{summary}  {elapsed:.0f}s\n")
-            self.stream.flush()
-        self.last = summary
+        for what, stage in stages(view):
+            if self.seen.get(what) == stage:
+                continue
+            self.seen[what] = stage
+            if self.tty:
+                self._show(what, stage)
+            else:
+                elapsed = time.monotonic() - self.start
+                self.console.print(f"{what}: {stage}  {elapsed:.0f}s", markup=False,
+                                   highlight=False, soft_wrap=True)
+
+    def _show(self, what: str, stage: str) -> None:
+        if self._bar is None:
+            self._bar = RichProgress(SpinnerColumn(), TextColumn("{task.fields[what]}"),
+                                     TextColumn("[bold]{task.description}"),
+                                     TimeElapsedColumn(), console=self.console)
+            self._bar.start()
+        row = self._rows.get(what)
+        if row is None:
+            self._rows[what] = row = self._bar.add_task(stage, what=what, total=None)
+        else:
+            # The clock shows the time in this stage: restart it.
+            self._bar.reset(row, description=stage, total=None)
+        if stage in _DONE:
+            self._bar.update(row, total=1, completed=1)
+            self._bar.stop_task(row)
 
     def finish(self) -> None:
-        if self.tty and self.width:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def print_table(columns: list[str], rows: list[list[str]], *, title: str | None = None) -> None:
+    """A table on stdout: boxed on a terminal, plain columns when piped."""
+    console = Console(highlight=False)
+    table = Table(*columns, title=title, box=box.SIMPLE if console.is_terminal else None,
+                  show_edge=False, pad_edge=False)
+    for row in rows:
+        table.add_row(*(escape(c) for c in row))
+    console.print(table, soft_wrap=True)
 
 
 def _job_lines(view: dict[str, Any], *, with_log: bool = False) -> list[str]:
