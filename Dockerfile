@@ -11,6 +11,6 @@ COPY registry registry
 COPY workers workers
 COPY migrations migrations
 RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" "$TORCH_SPEC" \
- && pip install --no-cache-dir ".[postgres]"
+ && pip install --no-cache-dir ".[server,postgres]"
 ENV FARM_HOME=/var/lib/farm
 ENTRYPOINT ["farm"]

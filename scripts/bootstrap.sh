@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv with torch 2.13.0 (the CPU wheel on this machine's disk) and the
-# project installed editable with its dev extras. Idempotent and quick when done.
+# project installed editable with the server set (the API, workers, builders)
+# and the dev extras. Idempotent and quick when done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,7 +13,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
   .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored: it is neither" || true
-  .venv/bin/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv/bin/python -m pip install -q -e ".[server,postgres,dev]" 2>&1 | grep -v "is ignored: it is neither" || true
   .venv/bin/python -c "import torch, celery, sqlalchemy, fastapi, moto" 
   touch "$stamp"
 fi

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
+import tenacity
 
 from farm.core.specs import GradMode, JobSpec, SpecError, TensorSpec, parse_inputs
 from farm.core.target import Target, TargetError, detect_local_target
@@ -177,31 +178,32 @@ class FarmClient:
 
     def _request(self, method: str, path: str, **kw: Any) -> Any:
         """JSON of a successful answer; a ``FarmError`` subclass otherwise.
-        GETs are retried on connection errors and 502/503/504."""
+        GETs are retried (tenacity) on connection errors and 502/503/504,
+        honouring a Retry-After of up to 5 s; other methods are sent once."""
         attempts = 1 + (self.retries if method == "GET" else 0)
-        for attempt in range(attempts):
-            last = attempt == attempts - 1
-            try:
-                r = self._http.request(method, path, **kw)
-            except httpx.TransportError as exc:
-                if last:
-                    raise FarmUnavailable(
-                        f"cannot reach the farm at {self.url}: {exc or type(exc).__name__}"
-                    ) from None
-                time.sleep(0.2 * 2**attempt)
-                continue
-            if r.status_code in _RETRY_STATUSES and not last:
-                time.sleep(_retry_after(r, 0.2 * 2**attempt))
-                continue
-            self._raise_for(r, f"{method} {path}")
-            if r.status_code == 204 or not r.content:
-                return None
-            try:
-                return r.json()
-            except ValueError:
-                raise FarmError(f"{method} {path}: the farm answered {r.status_code} with "
-                                "something that is not JSON", status=r.status_code) from None
-        raise AssertionError("unreachable")  # pragma: no cover
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=_backoff,
+            retry=(tenacity.retry_if_exception_type(httpx.TransportError)
+                   | tenacity.retry_if_result(lambda r: r.status_code in _RETRY_STATUSES)),
+            # Out of attempts: the last answer (a 503 is reported as such below)
+            # or the last connection error, not tenacity's RetryError.
+            retry_error_callback=lambda state: state.outcome.result(),  # type: ignore[union-attr]
+        )
+        try:
+            r = retrying(self._http.request, method, path, **kw)
+        except httpx.TransportError as exc:
+            raise FarmUnavailable(
+                f"cannot reach the farm at {self.url}: {exc or type(exc).__name__}"
+            ) from None
+        self._raise_for(r, f"{method} {path}")
+        if r.status_code == 204 or not r.content:
+            return None
+        try:
+            return r.json()
+        except ValueError:
+            raise FarmError(f"{method} {path}: the farm answered {r.status_code} with "
+                            "something that is not JSON", status=r.status_code) from None
 
     def _raise_for(self, r: httpx.Response, what: str) -> None:
         if r.status_code < 400:
@@ -477,6 +479,15 @@ def _retry_after(r: httpx.Response, default: float) -> float:
         return min(5.0, max(0.0, float(r.headers.get("retry-after", default))))
     except ValueError:
         return default
+
+
+def _backoff(state: tenacity.RetryCallState) -> float:
+    """0.2 s, 0.4 s, ...; or the server's Retry-After (at most 5 s) on a 503."""
+    default = 0.2 * 2 ** (state.attempt_number - 1)
+    outcome = state.outcome
+    if outcome is not None and not outcome.failed:
+        return _retry_after(outcome.result(), default)
+    return default
 
 
 # --- the fleet node's load path ---------------------------------------------------

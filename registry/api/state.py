@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import cachetools
+
 from farm.core.settings import Settings
 from registry.auth import Authenticator
 from registry.blobstore import DEFAULT_PRESIGN_EXPIRES_S, BlobStore
@@ -27,6 +29,10 @@ Enqueue = Callable[[str], None]
 class TTLCache(Generic[K, V]):
     """A small cache of values that may be a little stale (``ttl_s``).
 
+    The entries live in a ``cachetools.TTLCache`` (LRU-bounded at
+    ``max_entries``), kept past their freshness for as long as they may still
+    be served stale; what is added here is what cachetools does not do:
+
     ``get_or_load`` is safe from many threads; only one of them loads a
     missing key while the others wait for it, so a fleet asking the same
     question at once costs the database one query per TTL, not thousands.
@@ -41,15 +47,22 @@ class TTLCache(Generic[K, V]):
         self.max_entries = max_entries
         self.stale_s = stale_s
         self.stale_on = stale_on
-        self._data: dict[K, tuple[float, V]] = {}
+        # key -> (fresh until, value); an entry stays for the stale window
+        # (stale_s) and the stale-while-revalidate one (ttl_s) past freshness.
+        self._data: cachetools.TTLCache[K, tuple[float, V]] = cachetools.TTLCache(
+            maxsize=max_entries, ttl=max(ttl_s, 0.0) * 2 + stale_s, timer=time.monotonic)
         self._locks: dict[K, threading.Lock] = {}
         self._guard = threading.Lock()
         self._generation = 0
         # key -> (when its refresh began, generation then); see lookup()
         self._refreshing: dict[K, tuple[float, int]] = {}
 
+    def _entry(self, key: K) -> tuple[float, V] | None:
+        with self._guard:  # cachetools' caches are not thread-safe
+            return self._data.get(key)
+
     def peek(self, key: K) -> tuple[bool, V | None]:
-        entry = self._data.get(key)
+        entry = self._entry(key)
         if entry is not None and entry[0] > time.monotonic():
             return True, entry[1]
         return False, None
@@ -57,10 +70,8 @@ class TTLCache(Generic[K, V]):
     def put(self, key: K, value: V) -> None:
         if self.ttl_s <= 0:
             return
-        if len(self._data) >= self.max_entries:
-            with self._guard:
-                self._data.clear()
-        self._data[key] = (time.monotonic() + self.ttl_s, value)
+        with self._guard:
+            self._data[key] = (time.monotonic() + self.ttl_s, value)
 
     def get_or_load(self, key: K, load: Callable[[], V]) -> V:
         hit, value = self.peek(key)
@@ -75,7 +86,7 @@ class TTLCache(Generic[K, V]):
             try:
                 fresh = load()
             except self.stale_on as exc:
-                entry = self._data.get(key)
+                entry = self._entry(key)
                 if entry is None or entry[0] + self.stale_s < time.monotonic():
                     raise
                 log.warning("serving a stale cache entry for %r: %s", key, exc)
@@ -102,14 +113,14 @@ class TTLCache(Generic[K, V]):
 
     def has(self, key: K) -> bool:
         """Whether there is an entry, fresh or not."""
-        return key in self._data
+        return self._entry(key) is not None
 
     def lookup(self, key: K) -> tuple[V | None, bool]:
         """``(value, False)``: serve this (fresh, or stale while another caller
         refreshes it, for at most ``ttl_s`` past its expiry). ``(None, True)``:
         the caller refreshes it and then calls ``refreshed(key, value or None)``."""
         now = time.monotonic()
-        entry = self._data.get(key)
+        entry = self._entry(key)
         if entry is not None:
             if entry[0] > now:
                 return entry[1], False
