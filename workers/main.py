@@ -16,11 +16,17 @@ def run_worker(
     loglevel: str = "INFO",
     hostname: str | None = None,
 ) -> None:
+    from farm.build.sandbox import SandboxUnavailable, check_worker_can_isolate
     from farm.core.target import detect_local_target
     from workers import lifecycle
     from workers.app import app
     from workers.routing import TRACE_QUEUE
 
+    try:
+        # Both kinds run model code (the trace imports and builds it).
+        check_worker_can_isolate()
+    except SandboxUnavailable as exc:
+        raise SystemExit(f"farm worker {kind}: {exc}") from None
     if kind == "trace":
         queue, target = TRACE_QUEUE, None
     elif kind == "compile":

@@ -18,7 +18,8 @@ from celery import Task
 from celery.exceptions import Retry
 from sqlalchemy.exc import OperationalError
 
-from farm.build.sandbox import SandboxResult, run_isolated
+from farm.build.codeenv import CodeUnavailable, code_dir, code_root
+from farm.build.sandbox import SandboxResult, SandboxUnavailable, build_isolation, run_isolated
 from farm.build.steps import compile_env
 from farm.core.specs import JobSpec
 from farm.core.target import Target
@@ -77,6 +78,27 @@ def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
     return head, "\n".join(parts)
 
 
+def _code_paths(spec: JobSpec) -> list[str]:
+    """The job's code pack, unpacked read-only once per digest on this
+    worker: what goes first on the build child's path (none for code that is
+    installed here, e.g. farm.zoo). Raises ``CodeUnavailable``."""
+    if spec.code_digest is None:
+        return []
+    from registry.blobstore import BlobNotFound
+
+    s = context.settings()
+    store = context.blob_store()
+    try:
+        where = code_dir(spec.code_digest, fetch=store.get_to_file,
+                         root=code_root(s.farm_home), max_bytes=s.code_pack_max_bytes)
+    except BlobNotFound:
+        raise CodeUnavailable(
+            f"code pack {spec.code_digest[:12]} is not in the farm's blob store: upload it "
+            "(PUT /v1/code/<digest>, which farm submit and FarmClient.submit do) and submit "
+            "again") from None
+    return [str(where)]
+
+
 def enqueue_trace(job_id: str) -> None:
     trace_task.apply_async((job_id,))
 
@@ -93,11 +115,20 @@ def trace_task(self: Task, job_id: str) -> None:
     if spec is None:
         log.info("job %s is past tracing; nothing to do", job_id)
         return
+    try:
+        paths = _code_paths(spec)
+        isolation = build_isolation(what=f"trace of job {job_id}")
+    except (CodeUnavailable, SandboxUnavailable) as exc:
+        log.warning("job %s cannot be traced: %s", job_id, exc)
+        service.fail_job(db, job_id, error=str(exc))
+        return
     res = run_isolated(
         "farm.build.steps:trace_step",
         {"spec": spec.to_json()},
         timeout_s=s.trace_timeout_s,
         memory_mb=s.build_memory_mb,
+        import_paths=paths,
+        isolation=isolation,
     )
     if not res.ok:
         head, full = _sandbox_error(res)
@@ -166,6 +197,12 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
     s = context.settings()
     with tempfile.TemporaryDirectory(prefix="farm-build-") as tmp:
         # Once per machine (cached), before the clock: the host's question.
+        try:
+            paths = _code_paths(spec)
+            isolation = build_isolation(writable=(tmp,), what=f"build {build_key[:12]}")
+        except (CodeUnavailable, SandboxUnavailable) as exc:
+            service.fail_compile(db, build_key, error=str(exc))
+            return
         no_aoti = aoti_unavailable_reason(spec, target.device)
         t0 = time.monotonic()
         out_dir = Path(tmp) / "out"
@@ -173,11 +210,14 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         res = run_isolated(
             "farm.build.steps:compile_step",
             {"spec": spec.to_json(), "device": target.device, "out_dir": str(out_dir),
-             "aoti_unavailable": no_aoti},
+            # The fingerprint: the child checks it builds the graph the trace saw.
+             "aoti_unavailable": no_aoti, "fingerprint": fingerprint},
             timeout_s=s.build_timeout_s,
             memory_mb=s.build_memory_mb,
             env_extra=compile_env(tmp),
         )
+            import_paths=paths,
+            isolation=isolation,
         compile_s = time.monotonic() - t0
         if not res.ok:
             head, full = _sandbox_error(res)
@@ -200,6 +240,8 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                 timeout_s=s.build_timeout_s,
                 memory_mb=s.build_memory_mb,
             )
+                import_paths=paths,
+                isolation=isolation,
             logs.append(f"verify {art['format']}: {report.summary()}")
             if not report.ok:
                 # One format failing (say an AOTI package) must not throw away

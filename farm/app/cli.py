@@ -144,10 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a whole farm on this machine: SQLite, local blobs, workers beside the API")
     p.set_defaults(func=cmd.cmd_serve)
 
-    p = sub.add_parser("submit", help="submit a build job")
+    p = sub.add_parser("submit", help="submit a build job (the model's code goes with it)")
     p.add_argument("entrypoint", metavar="ENTRYPOINT",
                    help="'package.module:factory' returning an nn.Module (or a function, "
-                        "with --function)")
+                        "with --function), or a file: './mymodel.py:make'")
+    p.add_argument("--source", metavar="PATH", default=None,
+                   help="the code to ship with the job: a file, a package directory, or a "
+                        "directory of import roots (default: the entrypoint module's own file "
+                        "or package, unless it is installed; .gitignore is respected)")
     p.add_argument("--name", required=True)
     p.add_argument("--version", required=True)
     p.add_argument("--input", "-i", dest="inputs", metavar="SPEC", type=input_spec,

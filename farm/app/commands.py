@@ -79,17 +79,32 @@ def cmd_submit(args: argparse.Namespace) -> int:
         spec = JobSpec(
             name=args.name,
             version=args.version,
-            model=ModelRef(entrypoint=args.entrypoint, kwargs=args.kwargs,
+            model=ModelRef(entrypoint=plan.entrypoint, kwargs=args.kwargs,
                            kind="function" if args.function else "factory"),
             inputs=tuple(args.inputs),
             grad_mode=GradMode.TRAINING if args.train else GradMode.INFERENCE,
             options=CompileOptions(mode=args.mode),
+    from farm.core.codepack import CodePackError, plan_source
+
+    try:
+        # Never imports the module: its file or package is found on disk.
+        plan = plan_source(args.entrypoint, source=getattr(args, "source", None))
+    except CodePackError as exc:
+        raise UsageError(str(exc)) from None
             targets=tuple(args.targets),
         )
     except SpecError as exc:
         raise UsageError(str(exc)) from None
     client = _client(args)
-    job = client.submit(spec)
+    try:
+        job = client.submit(spec, source=plan.source if plan.source is not None else False)
+    except CodePackError as exc:
+        raise UsageError(str(exc)) from None
+    code = job.get("code")
+    if code and not args.json:
+        print(f"code: {code['source']} ({code['files']} files, {_human_size(code['size'])}, "
+              f"sha256 {code['digest'][:12]}, "
+              f"{'uploaded' if code['uploaded'] else 'already on the farm'})", file=sys.stderr)
     if not args.wait:
         if args.json:
             _print_json(job)

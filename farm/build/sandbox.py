@@ -15,6 +15,20 @@ endless compile costs one child, not the worker.
   CUDA reserves far more virtual address space than it ever touches, so an
   address-space limit breaks every GPU child.
 - Environment: the farm's credentials never reach model code (see ``SCRUBBED``).
+- Isolation (``Isolation``, what build children get): the child runs under
+  bubblewrap in its own user, pid, net, mount, ipc and uts namespaces, as an
+  unprivileged uid (``FARM_SANDBOX_UID``, by default 65534 "nobody", when the
+  worker is root; the worker's own uid mapped to that number otherwise). It
+  sees a fresh ``/proc`` with only its own processes (the worker's
+  ``/proc/<pid>/environ`` does not exist there), no network (a down
+  loopback: PostgreSQL, Redis and S3 on 127.0.0.1 are unreachable), and a
+  file system made of ``/usr``, the Python installation, the ``farm``
+  package, the code pack and what it is given, all read-only except its
+  build directory and a private, size-limited ``/tmp``; its environment is an
+  allow-list. ``FARM_SANDBOX``: ``on`` (a worker refuses to start without
+  bubblewrap and namespaces), ``auto`` (isolate when possible, else run as
+  ``off`` with a warning: the embedded farm's default), ``off`` (development
+  only: a warning at every build).
 - Crashes: the child's exceptions come back as type, message and traceback; a
   fatal signal (abort, segfault) is reported by name, with ``faulthandler``'s
   Python stack in ``stderr_tail``.
@@ -26,6 +40,7 @@ import contextlib
 import functools
 import importlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -36,12 +51,14 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+log = logging.getLogger(__name__)
 
 # Exact names and name prefixes of environment variables that the child never
 # sees: the farm's database, broker, blob store and signing credentials, and
@@ -149,6 +166,40 @@ def _is_secret(name: str) -> bool:
     )
 
 
+SANDBOX_MODES = ("on", "auto", "off")
+DEFAULT_SANDBOX_UID = 65534
+# Environment variables an isolated child keeps (then scrubbed as usual):
+# locale, the Python, torch, compiler and accelerator runtime knobs. A value
+# under any other name, however innocent it looks, stays with the worker.
+ENV_ALLOWED = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONHASHSEED",
+                         "PYTHONFAULTHANDLER", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+                         "PYTHONWARNINGS", "CC", "CXX", "CPP", "LD_LIBRARY_PATH",
+                         "FARM_COORDESC"})
+ENV_ALLOWED_PREFIXES = ("LC_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "TRITON_", "CUDA_",
+                        "NVIDIA_", "CUBLAS", "CUDNN_", "NCCL_", "PYTORCH_", "INDUCTOR_")
+# A private /tmp is tmpfs, i.e. memory the RSS watchdog does not see: bounded.
+MAX_TMPFS_MB = 4096
+# rlimits of an isolated child (besides RLIMIT_CORE=0 for every child).
+ISOLATED_NPROC = 4096
+ISOLATED_FSIZE = 64 * 1024**3
+
+
+class SandboxUnavailable(RuntimeError):
+    """Model code cannot be isolated here; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What an isolated child sees besides the system (``/usr``), the Python
+    installation and the ``farm`` package: ``readonly`` paths (an artifact to
+    verify) and ``writable`` ones (its build directory), each at its own path.
+    ``import_paths`` (code packs) are mounted read-only too."""
+
+    readonly: tuple[str, ...] = ()
+    writable: tuple[str, ...] = ()
+    uid: int = DEFAULT_SANDBOX_UID
+
+
 def run_isolated(
     target: str,
     payload: Mapping[str, Any],
@@ -158,35 +209,57 @@ def run_isolated(
     cwd: str | Path | None = None,
     env_extra: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
+    import_paths: Sequence[str | Path] = (),
+    isolation: Isolation | None = None,
 ) -> SandboxResult:
     """Call ``target`` ("pkg.mod:function") with ``payload`` in a fresh process.
 
     ``env`` replaces the inherited environment (it is still scrubbed);
-    ``env_extra`` is added after scrubbing. Never raises for anything the child
-    does; raises ``ValueError`` for a malformed target.
+    ``env_extra`` is added after scrubbing. ``import_paths`` go first on the
+    child's ``sys.path`` (unpacked code packs). With ``isolation`` the child
+    runs in namespaces of its own (module docstring); without, it is only a
+    process with a scrubbed environment. Never raises for anything the child
+    does; raises ``ValueError`` for a malformed target and
+    ``SandboxUnavailable`` when ``isolation`` is asked for and impossible.
     """
     if ":" not in target:
         raise ValueError(f"bad sandbox target {target!r}: expected 'package.module:function'")
     child_env = scrubbed_env(env, env_extra)
+    if isolation is not None:
+        child_env = _allowed_env(child_env, env_extra)
     # The child must import farm (and the target) the way this process does,
     # even when farm is not installed but only on sys.path (a source checkout).
-    farm_root = str(Path(__file__).resolve().parent.parent)
+    farm_root = str(_farm_package_dir().parent)
+    paths = [str(Path(p)) for p in import_paths]
     child_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (farm_root, child_env.get("PYTHONPATH", "")) if p
+        p for p in (*paths, farm_root, "" if isolation else child_env.get("PYTHONPATH", "")) if p
     )
     child_env.setdefault("PYTHONFAULTHANDLER", "1")
     with tempfile.TemporaryDirectory(prefix="farm-sandbox-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / _PAYLOAD).write_text(json.dumps(dict(payload)))
         out_path, err_path = tmpdir / "stdout", tmpdir / "stderr"
+        argv = [sys.executable, "-m", "farm.build.sandbox", target, str(tmpdir)]
+        popen_cwd = str(cwd) if cwd else None
+        if isolation is None:
+            argv.append(str(os.getpid()))
+        else:
+            argv.append("isolated")
+            child_env.update(HOME=str(tmpdir / "home"), USER="sandbox", LOGNAME="sandbox",
+                             TMPDIR="/tmp")
+            (tmpdir / "home").mkdir()
+            argv = bwrap_argv(argv, isolation=isolation, tmpdir=tmpdir,
+                              readonly=(*paths, *isolation.readonly),
+                              env=child_env, cwd=cwd, memory_mb=memory_mb)
+            popen_cwd = None
         t0 = time.monotonic()
         with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "farm.build.sandbox", target, str(tmpdir), str(os.getpid())],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out_f,
                 stderr=err_f,
-                cwd=str(cwd) if cwd else None,
+                cwd=popen_cwd,
                 env=child_env,
                 # Its own session and process group: one killpg ends the child
                 # and everything it started, and a Ctrl-C aimed at the parent's
@@ -207,6 +280,9 @@ def run_isolated(
         rc = proc.returncode
         if rc is not None and rc < 0:
             res.signal = _signal_name(-rc)
+        elif rc is not None and rc > 128 and isolation is not None:
+            # bubblewrap reports a child killed by a signal as 128 + signal.
+            res.signal = _signal_name(rc - 128)
         else:
             res.exit_code = rc
         if watch.timed_out or watch.oom:
@@ -217,7 +293,7 @@ def run_isolated(
             )
             return res
         result_file = tmpdir / _RESULT
-        if result_file.exists():
+        if result_file.exists() and not result_file.is_symlink():
             try:
                 data = json.loads(result_file.read_text())
             except ValueError as exc:
@@ -228,9 +304,290 @@ def run_isolated(
             res.error_type = data.get("error_type")
             res.error = data.get("error")
             res.traceback = data.get("traceback")
+            res.signal = None if res.ok else res.signal
         elif res.signal is None:
             res.error = f"child exited with code {rc} without a result"
+            if isolation is not None and "bwrap:" in res.stderr_tail:
+                res.error += f" (the sandbox failed to start: {_first_bwrap_line(res)})"
         return res
+
+
+def _first_bwrap_line(res: SandboxResult) -> str:
+    return next((ln for ln in res.stderr_tail.splitlines() if "bwrap:" in ln), "")
+
+
+def _allowed_env(env: Mapping[str, str], extra: Mapping[str, str] | None) -> dict[str, str]:
+    keep = {k: v for k, v in env.items()
+            if k in ENV_ALLOWED or k.startswith(ENV_ALLOWED_PREFIXES)}
+    keep.update(extra or {})
+    return keep
+
+
+def _farm_package_dir() -> Path:
+    return Path(__file__).resolve().parents[1]
+
+
+# --- isolation: bubblewrap ------------------------------------------------------------
+
+
+def _python_roots() -> list[Path]:
+    """The Python installation the child runs: prefixes, site directories and
+    the ``farm`` package (an editable install lives outside site-packages)."""
+    import site
+    import sysconfig
+
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).parent)}
+    paths = sysconfig.get_paths()
+    roots.update(paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib",
+                                            "include"))
+    with contextlib.suppress(AttributeError):
+        roots.update(site.getsitepackages())
+    out = [Path(r).resolve() for r in roots if r and Path(r).exists()]
+    out.append(_farm_package_dir())
+    # The interpreter itself, when the venv's python is a link to it.
+    exe = Path(sys.executable).resolve()
+    out.append(exe.parent.parent if exe.parent.name == "bin" else exe.parent)
+    return out
+
+
+def _system_roots() -> list[tuple[str, Path]]:
+    """(kind, path) of the system parts: /usr and the merged-/usr links, the
+    dynamic loader's configuration and the compiler alternatives."""
+    out: list[tuple[str, Path]] = [("ro", Path("/usr"))]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        p = Path("/") / name
+        if p.is_symlink():
+            out.append(("link", p))
+        elif p.is_dir():
+            out.append(("ro", p))
+    for etc in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime"):
+        p = Path("/etc") / etc
+        if p.exists():
+            out.append(("ro", p))
+    # Thread counts and CPU topology (OpenMP, torch.get_num_threads, the ISA probe).
+    for p in (Path("/sys/devices/system/cpu"), Path("/sys/fs/cgroup")):
+        if p.exists():
+            out.append(("ro", p))
+    return out
+
+
+def _covered(p: Path, roots: Sequence[Path]) -> bool:
+    return any(p == r or r in p.parents for r in roots)
+
+
+def bwrap_argv(
+    argv: Sequence[str],
+    *,
+    isolation: Isolation,
+    tmpdir: Path,
+    readonly: Sequence[str | Path],
+    env: Mapping[str, str],
+    cwd: str | Path | None,
+    memory_mb: float,
+) -> list[str]:
+    """The bubblewrap command line that runs ``argv`` isolated."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable(_NO_BWRAP)
+    root = os.geteuid() == 0
+    args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--hostname", "farm-sandbox"]
+    if not root:
+        # The worker's own uid, mapped to the sandbox's number inside a user
+        # namespace of its own.
+        args += ["--unshare-user", "--uid", str(isolation.uid), "--gid", str(isolation.uid)]
+    mounted: list[Path] = []
+    made: set[Path] = set()
+
+    def ancestors(p: Path) -> None:
+        # Directories bubblewrap makes on its own are 0700 (root's): the
+        # unprivileged child could not walk through them.
+        for a in reversed(p.parents):
+            if a == Path("/") or a in made or _covered(a, mounted):
+                continue
+            args.extend(["--perms", "0755", "--dir", str(a)])
+            made.add(a)
+
+    def bind(kind: str, p: Path) -> None:
+        if _covered(p, mounted):
+            return
+        ancestors(p)
+        flag = {"ro": "--ro-bind", "rw": "--bind", "dev": "--dev-bind"}[kind]
+        args.extend([flag, str(p), str(p)])
+        mounted.append(p)
+
+    for kind, p in _system_roots():
+        if kind == "link":
+            args.extend(["--symlink", os.readlink(p), str(p)])
+        else:
+            bind(kind, p)
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for dev in sorted(Path("/dev").glob("nvidia*")):  # GPU workers
+        args.extend(["--dev-bind", str(dev), str(dev)])
+    tmpfs_mb = int(max(64, min(MAX_TMPFS_MB, memory_mb)))
+    args += ["--size", str(tmpfs_mb * 2**20), "--perms", "1777", "--tmpfs", "/tmp"]
+    made.add(Path("/tmp"))
+    # The files the child writes the result to, its HOME, its user name.
+    passwd = tmpdir / "passwd"
+    passwd.write_text(f"sandbox:x:{isolation.uid}:{isolation.uid}:farm build sandbox:"
+                      f"{tmpdir / 'home'}:/usr/sbin/nologin\n")
+    group = tmpdir / "group"
+    group.write_text(f"sandbox:x:{isolation.uid}:\n")
+    for py in _python_roots():
+        bind("ro", py)
+    for ro in readonly:
+        bind("ro", Path(ro).resolve())
+    for var in ("CXX", "CC"):
+        # A compiler outside /usr (the H200 image's /opt/gcc): its install tree.
+        exe = env.get(var)
+        if exe and os.path.isabs(exe) and Path(exe).exists():
+            where = Path(exe).resolve().parent
+            bind("ro", where.parent if where.name == "bin" else where)
+    for entry in env.get("PATH", "").split(os.pathsep):
+        if _NO_CC_DIR is not None and entry == str(_NO_CC_DIR):
+            bind("ro", _NO_CC_DIR)  # the compiler-free PATH of a verify child
+    for rw in isolation.writable:
+        bind("rw", Path(rw).resolve())
+    bind("rw", tmpdir)
+    args += ["--ro-bind", str(passwd), "/etc/passwd", "--ro-bind", str(group), "/etc/group"]
+    work = Path(cwd).resolve() if cwd and _covered(Path(cwd).resolve(), mounted) else tmpdir
+    args += ["--chdir", str(work)]
+    if root:
+        # Mounts are made as root; the model runs as the sandbox uid with no
+        # capabilities at all (setpriv keeps none across exec).
+        _chown_tree(tmpdir, isolation.uid)
+        for rw in isolation.writable:
+            _chown_tree(Path(rw), isolation.uid)
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--", _setpriv(),
+                 f"--reuid={isolation.uid}", f"--regid={isolation.uid}", "--clear-groups",
+                 "--inh-caps=-all", "--bounding-set=-all"]
+    else:
+        args.append("--")
+    return [*args, *argv]
+
+
+def _chown_tree(top: Path, uid: int) -> None:
+    for dirpath, _, filenames in os.walk(top):
+        with contextlib.suppress(OSError):
+            os.chown(dirpath, uid, uid)
+        for f in filenames:
+            with contextlib.suppress(OSError):
+                os.chown(Path(dirpath) / f, uid, uid, follow_symlinks=False)
+
+
+_NO_BWRAP = ("bubblewrap (bwrap) is not installed, so model code cannot be isolated from the "
+             "worker's credentials: install it (Debian/Ubuntu: apt-get install -y bubblewrap), "
+             "or, for development on a machine you trust, set FARM_SANDBOX=off")
+
+
+def _setpriv() -> str:
+    exe = shutil.which("setpriv") or "/usr/bin/setpriv"
+    return exe
+
+
+@functools.lru_cache(maxsize=4)
+def isolation_unavailable(uid: int = DEFAULT_SANDBOX_UID) -> str | None:
+    """Why model code cannot be isolated on this machine (None: it can).
+
+    Runs one real isolated child (a few hundred ms), once per process: the
+    same command line a build uses, so a kernel or a container that forbids
+    namespaces is found here, at worker start, not in the first build."""
+    if shutil.which("bwrap") is None:
+        return _NO_BWRAP
+    if os.geteuid() == 0 and not Path(_setpriv()).exists():
+        return "setpriv (util-linux) is not installed: the sandbox needs it to drop to its uid"
+    try:
+        res = run_isolated("farm.build.sandbox:_probe", {}, timeout_s=60, memory_mb=4096,
+                           isolation=Isolation(uid=uid))
+    except SandboxUnavailable as exc:
+        return str(exc)
+    if not res.ok:
+        why = _first_bwrap_line(res) or res.describe()
+        return (f"bubblewrap cannot create the sandbox here ({why}): in a container, allow "
+                "user and mount namespaces (docker: security_opt seccomp=unconfined and "
+                "apparmor=unconfined, or --privileged), or set FARM_SANDBOX=off for "
+                "development only")
+    value = res.value or {}
+    if value.get("uid") != uid or value.get("can_reach_parent"):
+        return f"the sandbox probe ran but is not isolated: {value}"
+    return None
+
+
+def _probe(payload: dict[str, Any]) -> dict[str, Any]:
+    """The isolation probe's child: who it is and what it can see."""
+    import socket
+
+    reach = False
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", 22), timeout=0.5):
+        reach = True
+    parent_env = f"/proc/{os.getppid()}/environ"
+    return {"uid": os.getuid(), "pid": os.getpid(),
+            "procs": len([p for p in os.listdir("/proc") if p.isdigit()]),
+            # The worker's pid is not in this pid namespace; pid 1 (the
+            # sandbox's init) must not be readable either.
+            "can_reach_parent": os.getppid() > 1 and os.access(parent_env, os.R_OK),
+            "loopback_reachable": reach}
+
+
+def sandbox_mode(value: str | None = None) -> str:
+    """``FARM_SANDBOX`` (on, auto, off), checked."""
+    if value is None:
+        from farm.core.settings import get_settings
+
+        value = str(getattr(get_settings(), "farm_sandbox", "on"))
+    mode = value.strip().lower()
+    if mode not in SANDBOX_MODES:
+        raise SandboxUnavailable(f"FARM_SANDBOX={value!r} is not one of {', '.join(SANDBOX_MODES)}")
+    return mode
+
+
+def build_isolation(*, readonly: Sequence[str | Path] = (), writable: Sequence[str | Path] = (),
+                    mode: str | None = None, uid: int | None = None,
+                    what: str = "build") -> Isolation | None:
+    """The isolation a build child gets under ``FARM_SANDBOX``; None (with a
+    warning, every time) when it runs unisolated: ``off``, or ``auto`` on a
+    machine that cannot isolate. Raises ``SandboxUnavailable`` for ``on``
+    when isolation is impossible (a worker checks at start, so this is rare)."""
+    mode = sandbox_mode(mode)
+    if uid is None:
+        from farm.core.settings import get_settings
+
+        uid = int(getattr(get_settings(), "farm_sandbox_uid", DEFAULT_SANDBOX_UID))
+    if mode == "off":
+        log.warning("FARM_SANDBOX=off: the %s runs model code unisolated, where it can read "
+                    "this worker's credentials; for development only", what)
+        return None
+    why = isolation_unavailable(uid)
+    if why is not None:
+        if mode == "on":
+            raise SandboxUnavailable(why)
+        log.warning("FARM_SANDBOX=auto: the %s runs model code unisolated: %s", what, why)
+        return None
+    return Isolation(readonly=tuple(str(p) for p in readonly),
+                     writable=tuple(str(p) for p in writable), uid=uid)
+
+
+def check_worker_can_isolate(mode: str | None = None) -> None:
+    """For worker start: raise ``SandboxUnavailable`` (say why, what to do)
+    when ``FARM_SANDBOX=on`` and this machine cannot isolate model code;
+    log the warning for ``off`` and for ``auto`` without isolation."""
+    mode = sandbox_mode(mode)
+    if mode == "off":
+        log.warning("FARM_SANDBOX=off: builds run model code unisolated, where it can read "
+                    "this worker's credentials (database, broker, bucket, signing key); "
+                    "for development only")
+        return
+    from farm.core.settings import get_settings
+
+    why = isolation_unavailable(int(getattr(get_settings(), "farm_sandbox_uid",
+                                            DEFAULT_SANDBOX_UID)))
+    if why is None:
+        return
+    if mode == "on":
+        raise SandboxUnavailable(f"this worker cannot isolate model code, so it will not take "
+                                 f"builds: {why}")
+    log.warning("FARM_SANDBOX=auto and no isolation here (%s): builds run model code "
+                "unisolated", why)
 
 
 @dataclass
@@ -405,7 +762,8 @@ def _die_with_parent(parent: int) -> None:
 
 def child_main(argv: list[str]) -> int:
     target, tmp = argv[0], Path(argv[1])
-    if len(argv) > 2:
+    isolated = len(argv) > 2 and argv[2] == "isolated"
+    if len(argv) > 2 and not isolated:
         _die_with_parent(int(argv[2]))
     import faulthandler
     import resource
@@ -413,6 +771,15 @@ def child_main(argv: list[str]) -> int:
     # A crashing model must not leave multi-GB core files on the worker's disk.
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if isolated:
+        # bubblewrap's --die-with-parent ties this child to the sandbox; the
+        # sandbox uid is shared by every build, so a fork bomb is bounded.
+        for lim, value in ((resource.RLIMIT_NPROC, ISOLATED_NPROC),
+                           (resource.RLIMIT_FSIZE, ISOLATED_FSIZE)):
+            with contextlib.suppress(ValueError, OSError):
+                _, hard = resource.getrlimit(lim)
+                cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
+                resource.setrlimit(lim, (cap, cap))
     faulthandler.enable()
     try:
         payload = json.loads((tmp / _PAYLOAD).read_text())
@@ -445,7 +812,8 @@ def child_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) not in (3, 4):
-        print("usage: python -m farm.build.sandbox package.module:function TMPDIR [PARENT_PID]",
+        print("usage: python -m farm.build.sandbox package.module:function TMPDIR "
+              "[PARENT_PID|isolated]",
               file=sys.stderr)
         sys.exit(2)
     # os._exit skips interpreter teardown: torch's atexit handlers and compile

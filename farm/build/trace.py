@@ -61,6 +61,7 @@ from farm.core.modelref import (
     example_inputs,
     grad_context,
     iter_named_tensors,
+    model_class_name,
 )
 from farm.core.specs import JobSpec
 
@@ -128,6 +129,7 @@ class TraceReport:
     capture: str  # "dynamo" or "dynamo+regions"
     regions: int  # region calls in the captured graph (0 without regions)
     example_shapes: list[list[int]]
+    model_class: str = ""  # module.qualname of what the factory built (or the function)
     torch_version: str = field(default_factory=lambda: torch.__version__)
 
     def to_json(self) -> dict[str, Any]:
@@ -177,6 +179,9 @@ def trace(spec: JobSpec, *, regions: bool = True) -> TraceReport:
             inputs=spec.inputs,
             grad_mode=spec.grad_mode,
             options=spec.options,
+            entrypoint=spec.model.entrypoint,
+            code_digest=spec.code_digest,
+            model_class=model_class_name(model),
         ),
         graph_hash=ghash,
         param_count=sum(p.numel() for p in params),
@@ -190,6 +195,7 @@ def trace(spec: JobSpec, *, regions: bool = True) -> TraceReport:
         capture=capture,
         regions=analysis.region_calls,
         example_shapes=[list(s.shape) for s in spec.inputs],
+        model_class=model_class_name(model),
     )
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.build.compile_watch import CompileWatch, autotuned_in, compiled_in
-from farm.build.sandbox import compilers_on_path, run_isolated, without_compilers
+from farm.build.sandbox import Isolation, compilers_on_path, run_isolated, without_compilers
 from farm.core.specs import Dim, GradMode, JobSpec, TensorSpec
 
 SEED = 1234  # weights and inputs of a verification run; any fixed value will do
@@ -149,11 +149,16 @@ def verify_artifact(
     timeout_s: float = 900,
     memory_mb: float = 16384,
     cold_node: bool | None = None,
+    import_paths: Sequence[str | Path] = (),
+    isolation: Isolation | None = None,
 ) -> VerifyReport:
     """Verify in a fresh sandboxed process; never raises for the artifact's faults.
 
     ``cold_node`` (default: for CPU AOTI packages) hides every C++ compiler
     from the child, proving the artifact loads where there is none.
+    ``import_paths`` (the code pack) go on the child's path; with
+    ``isolation`` the child sees the artifact read-only and writes only its
+    own Inductor cache (not the build directory the artifact came from).
     """
     if cold_node is None:
         cold_node = format == "aoti" and device == "cpu"
@@ -170,9 +175,11 @@ def verify_artifact(
             "cold_node": cold_node,
             "cache_dir": cache,
         }
+        iso = None if isolation is None else Isolation(
+            readonly=(str(artifact_path),), writable=(cache,), uid=isolation.uid)
         res = run_isolated(
             "farm.build.verify:verify_step", payload, timeout_s=timeout_s, memory_mb=memory_mb,
-            env=env, env_extra=extra,
+            env=env, env_extra=extra, import_paths=import_paths, isolation=iso,
         )
     finally:
         shutil.rmtree(cache, ignore_errors=True)

@@ -27,7 +27,8 @@ import torch.fx
 
 from farm.core.specs import CompileOptions, GradMode, TensorSpec, format_inputs
 
-FORMAT = "torch-farm-fingerprint/1"
+# /2: the code (pack digest, entrypoint and the built class) is part of it.
+FORMAT = "torch-farm-fingerprint/2"
 
 _ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
 # Names of sympy symbols torch uses for sizes: s0, s77, u3, zuf0, ...
@@ -213,9 +214,19 @@ def fingerprint(
     inputs: Sequence[TensorSpec],
     grad_mode: GradMode,
     options: CompileOptions,
+    entrypoint: str,
+    code_digest: str | None,
+    model_class: str,
 ) -> str:
-    """sha256 over the graph hash, parameter/buffer lines, inputs, grad mode and
-    options, each part length-prefixed so no two part lists collide."""
+    """sha256 over the graph hash, parameter/buffer lines, inputs, grad mode,
+    options and the code, each part length-prefixed so no two part lists collide.
+
+    The code is part of it because the graph alone does not say what an
+    artifact is for: two classes with identical graphs would share one
+    artifact whose type guard fails for the second class (its nodes then run
+    JIT); two code packs that trace alike may still differ in what a node
+    runs around the graph. ``model_class`` is the built object's
+    ``module.qualname`` (``farm.core.modelref.model_class_name``)."""
     h = hashlib.sha256()
     for part in (
         FORMAT,
@@ -224,6 +235,9 @@ def fingerprint(
         format_inputs(inputs),
         grad_mode.value,
         options.canonical(),
+        entrypoint,
+        code_digest or "",
+        model_class,
     ):
         data = part.encode()
         h.update(len(data).to_bytes(8, "big"))

@@ -109,6 +109,35 @@ def load_callable(entrypoint: str) -> Callable[..., Any]:
     return obj
 
 
+def check_kwargs(fn: Callable[..., Any], model: ModelRef) -> None:
+    """Fail before the factory runs when its signature cannot take the job's
+    kwargs: a typo'd kwarg then fails the trace in seconds, saying what the
+    factory takes, instead of whatever the factory does with ``**kwargs``."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: let the call decide
+        return
+    try:
+        sig.bind(**dict(model.kwargs))
+    except TypeError as exc:
+        raise ModelBuildError(
+            f"model factory {model.entrypoint!r} cannot take kwargs "
+            f"{dict(model.kwargs)!r}: {exc}; its signature is {fn.__name__}{sig}"
+        ) from None
+
+
+def model_class_name(obj: Any) -> str:
+    """``module.qualname`` of what a factory built (its class) or of a free
+    function: what an artifact records it was built from, and what a node
+    compares with its own object before loading."""
+    target = obj if callable(obj) and not isinstance(obj, nn.Module) else type(obj)
+    module = getattr(target, "__module__", None) or "?"
+    qual = getattr(target, "__qualname__", None) or getattr(target, "__name__", "?")
+    return f"{module}.{qual}"
+
+
 def build_module(
     model: ModelRef, *, device: str | torch.device = "meta", seed: int = DEFAULT_SEED
 ) -> nn.Module | Callable[..., Any]:
@@ -117,6 +146,7 @@ def build_module(
     fn = load_callable(model.entrypoint)
     if model.kind == "function":
         return fn
+    check_kwargs(fn, model)
     try:
         with torch.device("meta"):
             built = fn(**dict(model.kwargs))

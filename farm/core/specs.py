@@ -59,6 +59,7 @@ _INT_RE = re.compile(r"^[0-9]+$")
 MAX_DIMS = 8
 _ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 MIN_DYNAMIC = 2
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 class SpecError(ValueError):
@@ -304,6 +305,9 @@ class JobSpec:
     grad_mode: GradMode = GradMode.INFERENCE
     options: CompileOptions = field(default_factory=CompileOptions)
     targets: tuple[str, ...] = ()  # target selectors; empty means every live target
+    # sha256 hex of the code pack the model's code travels in
+    # (farm.core.codepack); None: the entrypoint is installed on the workers.
+    code_digest: str | None = None
 
     def __post_init__(self) -> None:
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", self.name):
@@ -314,9 +318,12 @@ class JobSpec:
             raise SpecError(f"bad version {self.version!r}: letters, digits, '.', '_', '+', '-'")
         if not self.inputs:
             raise SpecError("a job needs at least one input spec")
+        if self.code_digest is not None and not _DIGEST_RE.match(self.code_digest):
+            raise SpecError(f"bad code_digest {self.code_digest!r}: expected the sha256 of the "
+                            "code pack, 64 lowercase hex characters")
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "name": self.name,
             "version": self.version,
             "model": self.model.to_json(),
@@ -325,6 +332,11 @@ class JobSpec:
             "options": self.options.to_json(),
             "targets": list(self.targets),
         }
+        if self.code_digest is not None:
+            # Left out when there is none, so specs stored before code packs
+            # existed keep their exact JSON.
+            data["code_digest"] = self.code_digest
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -347,6 +359,8 @@ class JobSpec:
                 grad_mode=grad_mode,
                 options=CompileOptions.from_json(data.get("options")),
                 targets=tuple(str(t) for t in data.get("targets") or ()),
+                code_digest=None if data.get("code_digest") is None
+                else str(data["code_digest"]),
             )
         except KeyError as exc:
             raise SpecError(f"job spec is missing {exc.args[0]!r}") from None

@@ -230,9 +230,51 @@ class FarmClient:
     def health(self) -> dict[str, Any]:
         return dict(self._request("GET", "/healthz") or {})
 
-    def submit(self, spec: JobSpec | Mapping[str, Any]) -> dict[str, Any]:
-        body = spec.to_json() if isinstance(spec, JobSpec) else dict(spec)
-        return dict(self._request("POST", "/v1/jobs", json=body))
+    def submit(self, spec: JobSpec | Mapping[str, Any], *,
+               source: str | os.PathLike[str] | bool | None = None) -> dict[str, Any]:
+        """Submit a job, with its model's code.
+
+        ``source``: the file or directory to ship (``farm.core.codepack``);
+        None: the entrypoint module's own file or package, found on disk
+        without importing it, unless it is installed (then nothing is
+        shipped: the farm's workers must have it installed too); False:
+        ship nothing. The pack is uploaded only when the farm lacks it; the
+        answer's ``code`` says what went (None when nothing did).
+        """
+        from dataclasses import replace
+
+        from farm.core.codepack import plan_source
+
+        if not isinstance(spec, JobSpec):
+            spec = JobSpec.from_json(spec)
+        code: dict[str, Any] | None = None
+        if source is not False and spec.code_digest is None:
+            where = (Path(source) if source not in (None, True) else  # type: ignore[arg-type]
+                     plan_source(spec.model.entrypoint).source)
+            if where is not None:
+                code = self.upload_code(where)
+                spec = replace(spec, code_digest=code["digest"])
+        out = dict(self._request("POST", "/v1/jobs", json=spec.to_json()))
+        out["code"] = code
+        return out
+
+    def upload_code(self, source: str | os.PathLike[str]) -> dict[str, Any]:
+        """Pack ``source`` reproducibly and upload it unless the farm has that
+        digest already; returns digest, size, files, source and uploaded."""
+        from farm.core.codepack import pack
+        from farm.core.settings import get_settings
+
+        p = pack(source, max_bytes=get_settings().code_pack_max_bytes)
+        path = f"/v1/code/{p.digest}"
+        try:
+            self._request("HEAD", path)
+            uploaded = False
+        except NotFoundError:
+            self._request("PUT", path, content=p.data,
+                          headers={"Content-Type": "application/x-tar"})
+            uploaded = True
+        return {"digest": p.digest, "size": p.size, "files": len(p.files),
+                "source": str(source), "uploaded": uploaded}
 
     def job(self, job_id: str) -> dict[str, Any]:
         return dict(self._request("GET", f"/v1/jobs/{quote(str(job_id), safe='')}"))

@@ -22,7 +22,19 @@ from registry.auth import Authenticator, AuthError, bearer_token
 from registry.blobstore import BlobStore, open_blob_store
 from registry.db import Database, DatabaseUnavailable
 
-from . import artifacts, errors, health, jobs, keys, lifecycle, models, resolve, targets, tokens
+from . import (
+    artifacts,
+    code,
+    errors,
+    health,
+    jobs,
+    keys,
+    lifecycle,
+    models,
+    resolve,
+    targets,
+    tokens,
+)
 from .metrics import Metrics
 from .middleware import BodyLimit, RequestMetrics, ResponseCache
 from .signer import NameSigner
@@ -126,11 +138,14 @@ def create_app(
     app.state.farm = state
     app.state.metrics = metrics
     errors.install(app)
-    for router in (jobs.router, lifecycle.router, models.router, resolve.router, artifacts.router,
+    for router in (jobs.router, code.router, lifecycle.router, models.router, resolve.router,
+                   artifacts.router,
                    targets.router, tokens.router, keys.router, health.router):
         app.include_router(router)
     # Added innermost first: timing wraps everything, the 413 included.
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
+                       path_limits=(("/v1/code/", settings.code_pack_max_bytes,
+                                     "CODE_PACK_MAX_BYTES"),))
     app.add_middleware(RequestMetrics, histogram=metrics.latency)
     # Repeated resolves are answered in front of all of it.
     hits, misses = metrics.resolves.labels("hit"), metrics.resolves.labels("miss")

@@ -56,6 +56,11 @@ class JobSpecIn(BaseModel):
         default_factory=list, max_length=64,
         description="full targets or selectors (e.g. 'cpu'); empty: every live target")
 
+    code_digest: str | None = Field(
+        default=None, min_length=64, max_length=64, pattern="^[0-9a-f]{64}$",
+        description="sha256 of the code pack uploaded with PUT /v1/code/{digest} "
+                    "(farm submit packs and uploads the model's code); omitted: the "
+                    "entrypoint is installed on the farm's workers")
 
 class BuildOut(BaseModel):
     id: str
@@ -108,13 +113,25 @@ def module_missing(entrypoint: str) -> str | None:
 @router.post("", status_code=201, response_model=SubmitOut,
              responses={422: err("malformed spec, an entrypoint that does not import, or no "
                                  "target to build for"),
-                        409: err("the version exists with another entrypoint"),
+                        409: err("the version exists with another program (entrypoint, "
+                                 "kwargs or code) and has builds that did not fail"),
                         413: err("body over MAX_BODY_BYTES")})
 def submit_job(body: JobSpecIn, state: State, who: Submitter, response: Response) -> SubmitOut:
-    spec = JobSpec.from_json(body.model_dump())
-    missing = module_missing(spec.model.entrypoint)
-    if missing:
-        raise SpecError(f"entrypoint {spec.model.entrypoint!r} does not import: {missing}")
+    spec = JobSpec.from_json(body.model_dump(exclude_none=True))
+    # The API never imports the model's code. Shipped code is checked by the
+    # trace stage, in seconds (module, callable, kwargs); code said to be
+    # installed must at least be found here, where the farm runs.
+    if spec.code_digest is not None:
+        if not state.store.exists(spec.code_digest):
+            raise SpecError(f"code pack {spec.code_digest} is not on the farm: upload it first "
+                            "(PUT /v1/code/{digest}; farm submit and FarmClient.submit do)")
+    else:
+        missing = module_missing(spec.model.entrypoint)
+        if missing:
+            raise SpecError(
+                f"entrypoint {spec.model.entrypoint!r} does not import: {missing}; the farm "
+                "builds only code it is given or has installed: ship the code with the job "
+                "(farm submit --source PATH, or run farm submit where the module is)")
     live = service.live_targets(state.db, max_age_s=state.heartbeat_max_age_s)
     targets = service.choose_targets(spec.targets, live)
     try:

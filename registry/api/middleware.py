@@ -21,20 +21,30 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-def _too_large(limit: int) -> str:
-    return f"request body too large: the limit is {limit} bytes (MAX_BODY_BYTES)"
+def _too_large(limit: int, setting: str = "MAX_BODY_BYTES") -> str:
+    return f"request body too large: the limit is {limit} bytes ({setting})"
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    """``path_limits``: (path prefix, limit, setting name) for the few routes
+    whose bodies are larger by design (code packs)."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int,
+                 path_limits: tuple[tuple[str, int, str], ...] = ()) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.path_limits = path_limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.max_bytes
+        limit, setting = self.max_bytes, "MAX_BODY_BYTES"
+        path = scope.get("path", "")
+        for prefix, value, name in self.path_limits:
+            if path.startswith(prefix):
+                limit, setting = value, name
+                break
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -43,7 +53,7 @@ class BodyLimit:
                     await _send_json(send, 400, "malformed Content-Length header")
                     return
                 if declared > limit:
-                    await _send_json(send, 413, _too_large(limit))
+                    await _send_json(send, 413, _too_large(limit, setting))
                     return
         seen = 0
 
@@ -56,7 +66,7 @@ class BodyLimit:
                     # An HTTPException, so FastAPI's body reader lets it through
                     # (any other error there becomes a 400) and the exception
                     # middleware answers 413.
-                    raise HTTPException(413, _too_large(limit))
+                    raise HTTPException(413, _too_large(limit, setting))
             return message
 
         await self.app(scope, capped_receive, send)

@@ -181,7 +181,7 @@ def test_submit_wait_shows_progress_and_fails_with_one_line(
     ]
 
     class Fake:
-        def submit(self, spec: object) -> dict[str, str]:
+        def submit(self, spec: object, *, source: object = None) -> dict[str, str]:
             return {"id": "j1", "state": "queued"}
 
         def wait(self, job_id: str, timeout: float | None, *, on_progress: object) -> object:
