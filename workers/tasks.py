@@ -196,28 +196,28 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
     store = context.blob_store()
     s = context.settings()
     with tempfile.TemporaryDirectory(prefix="farm-build-") as tmp:
-        # Once per machine (cached), before the clock: the host's question.
         try:
             paths = _code_paths(spec)
             isolation = build_isolation(writable=(tmp,), what=f"build {build_key[:12]}")
         except (CodeUnavailable, SandboxUnavailable) as exc:
             service.fail_compile(db, build_key, error=str(exc))
             return
+        # Once per machine (cached), before the clock: the host's question.
         no_aoti = aoti_unavailable_reason(spec, target.device)
         t0 = time.monotonic()
         out_dir = Path(tmp) / "out"
         _stage(db, build_key, "compiling")
         res = run_isolated(
             "farm.build.steps:compile_step",
-            {"spec": spec.to_json(), "device": target.device, "out_dir": str(out_dir),
             # The fingerprint: the child checks it builds the graph the trace saw.
+            {"spec": spec.to_json(), "device": target.device, "out_dir": str(out_dir),
              "aoti_unavailable": no_aoti, "fingerprint": fingerprint},
             timeout_s=s.build_timeout_s,
             memory_mb=s.build_memory_mb,
             env_extra=compile_env(tmp),
-        )
             import_paths=paths,
             isolation=isolation,
+        )
         compile_s = time.monotonic() - t0
         if not res.ok:
             head, full = _sandbox_error(res)
@@ -239,9 +239,9 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                 device=target.device,
                 timeout_s=s.build_timeout_s,
                 memory_mb=s.build_memory_mb,
-            )
                 import_paths=paths,
                 isolation=isolation,
+            )
             logs.append(f"verify {art['format']}: {report.summary()}")
             if not report.ok:
                 # One format failing (say an AOTI package) must not throw away

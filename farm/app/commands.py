@@ -75,6 +75,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from farm.core.codepack import CodePackError, plan_source
+
+    try:
+        # Never imports the module: its file or package is found on disk.
+        plan = plan_source(args.entrypoint, source=getattr(args, "source", None))
+    except CodePackError as exc:
+        raise UsageError(str(exc)) from None
     try:
         spec = JobSpec(
             name=args.name,
@@ -84,13 +91,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
             inputs=tuple(args.inputs),
             grad_mode=GradMode.TRAINING if args.train else GradMode.INFERENCE,
             options=CompileOptions(mode=args.mode),
-    from farm.core.codepack import CodePackError, plan_source
-
-    try:
-        # Never imports the module: its file or package is found on disk.
-        plan = plan_source(args.entrypoint, source=getattr(args, "source", None))
-    except CodePackError as exc:
-        raise UsageError(str(exc)) from None
             targets=tuple(args.targets),
         )
     except SpecError as exc:

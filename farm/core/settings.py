@@ -42,6 +42,14 @@ class Settings(BaseSettings):
     build_timeout_s: int = 900
     build_memory_mb: int = 8192
     trace_timeout_s: int = 300
+    # How build children run model code (farm.build.sandbox): "on" (isolated
+    # in namespaces as FARM_SANDBOX_UID; a worker that cannot isolate refuses
+    # to start), "auto" (isolated when possible: the embedded farm's default),
+    # "off" (development only: unisolated, a warning at every build).
+    farm_sandbox: str = "on"
+    farm_sandbox_uid: int = 65534
+    # Largest code pack `farm submit` uploads and the API accepts (bytes).
+    code_pack_max_bytes: int = 64 * 1024**2
     max_body_bytes: int = 1_000_000
     # uvicorn's per-request access log ("off" halves the CPU of a cached resolve).
     farm_access_log: bool = True
@@ -53,14 +61,6 @@ class Settings(BaseSettings):
     # How long a job or claim may sit queued before the sweep assumes its
     # message was lost (the broker was down, or restarted without persistence)
     # and sends it again. A duplicate is harmless but not free: keep this above
-    # How build children run model code (farm.build.sandbox): "on" (isolated
-    # in namespaces as FARM_SANDBOX_UID; a worker that cannot isolate refuses
-    # to start), "auto" (isolated when possible: the embedded farm's default),
-    # "off" (development only: unisolated, a warning at every build).
-    farm_sandbox: str = "on"
-    farm_sandbox_uid: int = 65534
-    # Largest code pack `farm submit` uploads and the API accepts (bytes).
-    code_pack_max_bytes: int = 64 * 1024**2
     # the longest wait in the queue.
     farm_requeue_after_s: float = 900.0
     # Keep coordinate-descent tuning in max-autotune builds (their first call

@@ -205,6 +205,18 @@ class CompiledHandle:
             # Loading would import the same modules: wait for ours rather
             # than contend with it on import locks.
             self._import_thread.join()
+        mismatch = class_mismatch(pre.artifact, module_or_fn)
+        if mismatch is not None:
+            # Loading it would run another class's program on this object (or
+            # fail its type guard on every call): JIT, and say why.
+            if not fallback:
+                raise FarmError(mismatch)
+            log.warning("torch-farm: %s; using JIT torch.compile instead", mismatch)
+            self.client.report_miss(self.model, pre.version or self.ref, self.inputs,
+                                    self.grad_mode, pre.target,
+                                    [{"code": "class_mismatch", "digest": pre.digest,
+                                      "reason": mismatch}])
+            return FarmCompiled(None, module_or_fn, prefetched=pre, reason=mismatch)
         t0 = time.perf_counter()
         try:
             from farm.node.loader import load_artifact
@@ -222,18 +234,6 @@ class CompiledHandle:
             return FarmCompiled(None, module_or_fn, prefetched=pre, reason=reason)
         self.timings["load_s"] = time.perf_counter() - t0
         log.info("torch-farm: %s@%s runs artifact %s (%s) for %s", self.model,
-        mismatch = class_mismatch(pre.artifact, module_or_fn)
-        if mismatch is not None:
-            # Loading it would run another class's program on this object (or
-            # fail its type guard on every call): JIT, and say why.
-            if not fallback:
-                raise FarmError(mismatch)
-            log.warning("torch-farm: %s; using JIT torch.compile instead", mismatch)
-            self.client.report_miss(self.model, pre.version or self.ref, self.inputs,
-                                    self.grad_mode, pre.target,
-                                    [{"code": "class_mismatch", "digest": pre.digest,
-                                      "reason": mismatch}])
-            return FarmCompiled(None, module_or_fn, prefetched=pre, reason=mismatch)
                  pre.version, pre.digest[:12], pre.format, pre.target)
         return FarmCompiled(fn, module_or_fn, prefetched=pre, reason=None)
 
@@ -255,6 +255,24 @@ class CompiledHandle:
                                     [{"code": code, "reason": _one_line(exc)}])
 
 
+def class_mismatch(artifact: dict[str, Any], module_or_fn: Any) -> str | None:
+    """Why ``artifact`` is not for ``module_or_fn``'s class (None: it is, or
+    the artifact predates the record). The farm records the ``module.qualname``
+    of what the factory built; a node's own copy of the code must build the
+    same class, or the artifact's program is some other model's."""
+    from farm.core.modelref import model_class_name
+
+    expected = (artifact.get("meta") or {}).get("model_class")
+    if not expected:
+        return None
+    mine = model_class_name(module_or_fn)
+    if mine == expected:
+        return None
+    return (f"artifact {str(artifact.get('digest', ''))[:12]} was built from {expected}, and "
+            f"this node's model is {mine}: import the model the way it was built (the same "
+            "module and class names as the code shipped with the job)")
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -274,24 +292,6 @@ class FarmCompiled:
         self._fn = fn
         self._original = original
         self._jit: Callable[..., Any] | None = None
-def class_mismatch(artifact: dict[str, Any], module_or_fn: Any) -> str | None:
-    """Why ``artifact`` is not for ``module_or_fn``'s class (None: it is, or
-    the artifact predates the record). The farm records the ``module.qualname``
-    of what the factory built; a node's own copy of the code must build the
-    same class, or the artifact's program is some other model's."""
-    from farm.core.modelref import model_class_name
-
-    expected = (artifact.get("meta") or {}).get("model_class")
-    if not expected:
-        return None
-    mine = model_class_name(module_or_fn)
-    if mine == expected:
-        return None
-    return (f"artifact {str(artifact.get('digest', ''))[:12]} was built from {expected}, and "
-            f"this node's model is {mine}: import the model the way it was built (the same "
-            "module and class names as the code shipped with the job)")
-
-
         self._jit_lock = threading.Lock()
         self.prefetched = prefetched
         self.reason = reason

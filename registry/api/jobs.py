@@ -55,12 +55,12 @@ class JobSpecIn(BaseModel):
     targets: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list, max_length=64,
         description="full targets or selectors (e.g. 'cpu'); empty: every live target")
-
     code_digest: str | None = Field(
         default=None, min_length=64, max_length=64, pattern="^[0-9a-f]{64}$",
         description="sha256 of the code pack uploaded with PUT /v1/code/{digest} "
                     "(farm submit packs and uploads the model's code); omitted: the "
                     "entrypoint is installed on the farm's workers")
+
 
 class BuildOut(BaseModel):
     id: str
