@@ -37,6 +37,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, Operationa
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
+from farm.core.text import first_line as _first_line
 from registry import models
 from registry.convert import artifact_to_record
 
@@ -244,11 +245,6 @@ def _rollback_quietly(session: Session) -> None:
         session.rollback()
     except Exception:
         log.warning("rollback failed", exc_info=True)
-
-
-def _first_line(value: object) -> str:
-    lines = str(value).strip().splitlines()
-    return lines[0] if lines else type(value).__name__
 
 
 _SQLITE_UNIQUE = re.compile(r"^UNIQUE constraint failed: (.+)$")

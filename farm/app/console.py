@@ -16,6 +16,7 @@ from rich.progress import SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from farm.core.target import Target, TargetError
+from farm.core.text import first_line as _first_line
 
 log = logging.getLogger(__name__)
 
@@ -158,10 +159,3 @@ def _job_lines(view: dict[str, Any], *, with_log: bool = False) -> list[str]:
         if with_log and b.get("log"):
             lines.extend("    | " + ln for ln in str(b["log"]).splitlines())
     return lines
-
-
-def _first_line(text: Any) -> str:
-    lines = str(text).strip().splitlines()
-    return lines[0] if lines else ""
-
-

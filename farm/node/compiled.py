@@ -34,6 +34,7 @@ from typing import Any
 
 from farm.core.specs import GradMode, SpecError, TensorSpec
 from farm.core.target import Target, TargetError
+from farm.core.text import first_line
 from farm.node.client import FarmClient, as_grad_mode, as_input_specs, as_target
 from farm.node.errors import (
     FarmError,
@@ -200,7 +201,7 @@ class CompiledHandle:
             if not fallback:
                 raise
             self._explain(exc)
-            return FarmCompiled(None, module_or_fn, prefetched=None, reason=_one_line(exc))
+            return FarmCompiled(None, module_or_fn, prefetched=None, reason=first_line(exc))
         if self._import_thread is not None:
             # Loading would import the same modules: wait for ours rather
             # than contend with it on import locks.
@@ -225,7 +226,7 @@ class CompiledHandle:
         except Exception as exc:
             if not fallback:
                 raise
-            reason = f"loading artifact {pre.digest[:12]} ({pre.format}) failed: {_one_line(exc)}"
+            reason = f"loading artifact {pre.digest[:12]} ({pre.format}) failed: {first_line(exc)}"
             log.warning("torch-farm: %s; using JIT torch.compile instead", reason)
             self.client.report_miss(self.model, pre.version or self.ref, self.inputs,
                                     self.grad_mode, pre.target,
@@ -247,12 +248,12 @@ class CompiledHandle:
                         what, exc, f"\n{reasons}" if reasons else "")
             return
         log.warning("torch-farm: not using the farm for %s: %s; using JIT torch.compile",
-                    what, _one_line(exc))
+                    what, first_line(exc))
         if (isinstance(exc, FarmError) and not isinstance(exc, FarmUnavailable)
                 and self.target is not None):
             code = "integrity" if isinstance(exc, IntegrityError) else "fetch_failed"
             self.client.report_miss(self.model, self.ref, self.inputs, self.grad_mode, self.target,
-                                    [{"code": code, "reason": _one_line(exc)}])
+                                    [{"code": code, "reason": first_line(exc)}])
 
 
 def class_mismatch(artifact: dict[str, Any], module_or_fn: Any) -> str | None:
@@ -271,11 +272,6 @@ def class_mismatch(artifact: dict[str, Any], module_or_fn: Any) -> str | None:
     return (f"artifact {str(artifact.get('digest', ''))[:12]} was built from {expected}, and "
             f"this node's model is {mine}: import the model the way it was built (the same "
             "module and class names as the code shipped with the job)")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 class FarmCompiled:
@@ -341,7 +337,7 @@ def _guard_reason(exc: BaseException) -> str:
     if start >= 0:
         end = text.find("]", start)
         return text[start + len("verbose_code_parts="):end + 1]
-    return _one_line(exc)
+    return first_line(exc)
 
 
 _default_client: FarmClient | None = None

@@ -18,6 +18,7 @@ from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 
 from farm.core.specs import SpecError
 from farm.core.target import TargetError
+from farm.core.text import first_line as _first_line
 from registry.auth import AuthError
 from registry.blobstore import BlobNotFound, BlobStoreError
 from registry.db import Conflict, DatabaseUnavailable, SchemaOutOfDate
@@ -31,11 +32,6 @@ RETRY_AFTER_S = "5"
 def error(status: int, detail: str, headers: dict[str, str] | None = None,
           **extra: Any) -> JSONResponse:
     return JSONResponse({"detail": detail, **extra}, status_code=status, headers=headers)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 def _validation_message(exc: RequestValidationError) -> str:

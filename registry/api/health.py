@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
+from farm.core.text import first_line
 from registry import service
 
 from .deps import State
@@ -27,8 +28,7 @@ router = APIRouter(tags=["health"])
 
 
 def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return f"{type(exc).__name__}: {first_line(exc, '')}".rstrip(": ")
 
 
 def _check_database(state: AppState) -> str:
