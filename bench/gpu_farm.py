@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from farm.core.net import free_port  # noqa: E402 - after the path line above
 
 JOBS: dict[str, dict[str, Any]] = {
     # A seconds-long job for a dry run of this script on a CPU host (--device cpu).
@@ -66,12 +67,6 @@ JOBS: dict[str, dict[str, Any]] = {
         "grad_mode": "training",
     },
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_farm(

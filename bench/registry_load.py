@@ -74,6 +74,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from farm.core.net import free_port as _free_port  # noqa: E402 - after the path line above
+
 HOST = "127.0.0.1"
 GOAL_P99_MS = 20.0
 GOAL_P99_AT_RPS = 1000
@@ -484,11 +486,6 @@ def loadgen_main(cfg: dict[str, Any]) -> dict[str, Any]:
 
 # --- orchestration --------------------------------------------------------------------------
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def _child_run(cmd: list[str], *, timeout_s: float) -> str:

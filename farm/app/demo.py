@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,15 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from farm.core.net import free_port as _free_port
+
 ENTRYPOINT = "farm.zoo.basic:small_transformer"
 INPUT = "float32[4,64,128]"
 MODEL = "demo-transformer"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _say(msg: str) -> None:
