@@ -93,6 +93,7 @@ from farm.core.specs import (
     COMPILE_MODES,
     GUARD_FILTERS,
     CompileOptions,
+    Dim,
     GradMode,
     TensorSpec,
     format_inputs,
@@ -375,3 +376,72 @@ def resolve(
     accepted.sort(key=preference_key)
     rejected.sort(key=lambda r: r.artifact.id)
     return Resolution(accepted=accepted, rejected=rejected)
+
+
+def why_chosen(result: Resolution, *, target: Target, inputs: Sequence[TensorSpec]) -> list[str]:
+    """Why ``result.best`` is the artifact a node gets, one reason a line, in
+    the order of the rules and the preference above (empty on a miss)."""
+    best = result.best
+    if best is None:
+        return []
+    fields = ["python", "torch"] + (
+        ["cuda", "triton", "gpu", "capability"] if target.device == "cuda" else ["isa", "threads"])
+    out = [
+        f"loads on this node: {best.target.device} target with the same {', '.join(fields)}",
+        f"built for {format_inputs(best.inputs)} ({best.grad_mode.value}), which covers "
+        f"the requested {format_inputs(inputs)}",
+    ]
+    err = "" if best.max_abs_err is None else f" (max abs err {best.max_abs_err:.2g})"
+    out.append(f"verified by its builder in a fresh process against eager{err}")
+    others = result.accepted[1:]
+    if not others:
+        out.append("the only artifact that fits" + (
+            f"; {len(result.rejected)} other(s) rejected" if result.rejected else ""))
+        return out
+    # Which preference rule put it ahead of the runner-up.
+    second = others[0]
+    a, b = preference_key(best), preference_key(second)
+    rule = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a) - 1)
+    reasons = [
+        f"its first call does not compile, unlike {second.digest[:12]}'s",
+        f"format {best.format} comes before {second.format} on {best.target.device} "
+        f"(no C++ compiler and no dynamo import needed to load it)",
+        f"default compile options, ahead of {second.options.canonical()}",
+        f"its input specs are narrower than {format_inputs(second.inputs)} (exact shapes "
+        "first)",
+        f"the newest of the {len(result.accepted)} that fit",
+        "the lowest id among equals",
+    ]
+    out.append(f"ahead of {second.digest[:12]} ({second.format}): {reasons[rule]}")
+    return out
+
+
+def dynamic_hint(result: Resolution, *, inputs: Sequence[TensorSpec]) -> str | None:
+    """On a miss where only the shapes differ: the input specs of one dynamic
+    build that would serve both what was built and what was asked."""
+    shape_misses = [r for r in result.rejected if r.code == INPUTS]
+    if not shape_misses or len(shape_misses) != len(result.rejected):
+        return None
+    built = shape_misses[0].artifact.inputs
+    if len(built) != len(inputs):
+        return None
+    specs = []
+    for have, want in zip(built, inputs, strict=True):
+        if have.dtype != want.dtype or len(have.dims) != len(want.dims):
+            return None
+        dims = []
+        for h, w in zip(have.dims, want.dims, strict=True):
+            if h == w:
+                dims.append(h)
+                continue
+            lo = max(2, min(h.lo, w.lo))
+            hi = None if h.hi is None or w.hi is None else max(h.hi, w.hi)
+            dims.append(Dim(lo, hi))
+        specs.append(TensorSpec(have.dtype, tuple(dims)))
+    wanted_small = any(w.lo < 2 and h != w for have, want in zip(built, inputs, strict=True)
+                       for h, w in zip(have.dims, want.dims, strict=True))
+    flags = " ".join(f"--input '{s}'" for s in specs)
+    note = (" (sizes 0 and 1 are specialised by torch: they need a build of their own)"
+            if wanted_small else "")
+    return (f"built only for {format_inputs(built)}; one dynamic build serves both: "
+            f"farm submit ... {flags}{note}")

@@ -174,11 +174,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(func=cmd.cmd_submit)
 
-    p = sub.add_parser("status", help="a job's state, per target")
-    p.add_argument("job_id", metavar="JOB_ID")
-    p.add_argument("--log", action="store_true", help="print the build logs as well")
+    p = sub.add_parser("status", help="a job's state, per target (exit 1 if it failed)")
+    p.add_argument("job_id", metavar="JOB_ID",
+                   help="the job id, or a unique prefix of it (the 8 characters progress shows)")
+    p.add_argument("--log", action="store_true",
+                   help="print the build logs as well (while it runs: its stages so far)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for the job to finish, showing progress (e.g. after Ctrl-C)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="with --wait: stop watching after S seconds (the job goes on)")
     _add_json(p)
     p.set_defaults(func=cmd.cmd_status)
+
+    p = sub.add_parser("jobs", help="recent jobs, newest first")
+    p.add_argument("--state", choices=("queued", "tracing", "compiling", "succeeded", "failed",
+                                       "partial"), default=None)
+    p.add_argument("--model", default=None, metavar="NAME")
+    p.add_argument("--limit", type=positive_int, default=20, metavar="N")
+    _add_json(p)
+    p.set_defaults(func=cmd.cmd_jobs)
 
     p = sub.add_parser("resolve", help="which artifact a node would load")
     _add_resolve_args(p)
@@ -188,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fetch", help="download and verify an artifact to a file")
     _add_resolve_args(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE", type=Path)
+    p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     _add_json(p)
     p.set_defaults(func=cmd.cmd_fetch)
 
@@ -212,6 +227,35 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("version", metavar="VERSION")
     _add_json(a)
     a.set_defaults(func=cmd.cmd_alias_set)
+    a = alias_sub.add_parser("list", help="NAME's aliases and every move of each")
+    a.add_argument("name", metavar="NAME")
+    a.add_argument("--no-history", dest="history", action="store_false",
+                   help="only where each alias points now")
+    _add_json(a)
+    a.set_defaults(func=cmd.cmd_alias_list)
+    a = alias_sub.add_parser("rm", help="delete NAME@ALIAS (its history is kept)")
+    a.add_argument("name", metavar="NAME")
+    a.add_argument("alias", metavar="ALIAS")
+    _add_json(a)
+    a.set_defaults(func=cmd.cmd_alias_rm)
+
+    p = sub.add_parser("delete", help="delete a model, a version or an artifact")
+    del_sub = p.add_subparsers(dest="delete_command", metavar="WHAT", required=True)
+    d = del_sub.add_parser("version", help="NAME@VERSION: its jobs, aliases on it, and the "
+                           "artifacts no other version uses")
+    d.add_argument("model", metavar="NAME@VERSION", type=parse_model_ref)
+    d.add_argument("--force", action="store_true", help="even while its jobs still build")
+    _add_json(d)
+    d.set_defaults(func=cmd.cmd_delete)
+    d = del_sub.add_parser("model", help="NAME with every version (admin)")
+    d.add_argument("name", metavar="NAME")
+    d.add_argument("--force", action="store_true", help="even while its jobs still build")
+    _add_json(d)
+    d.set_defaults(func=cmd.cmd_delete)
+    d = del_sub.add_parser("artifact", help="one artifact by its sha256 (admin)")
+    d.add_argument("digest", metavar="SHA256")
+    _add_json(d)
+    d.set_defaults(func=cmd.cmd_delete)
 
     p = sub.add_parser("token", help="manage API tokens")
     token_sub = p.add_subparsers(dest="token_command", metavar="ACTION", required=True)
@@ -223,6 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "the first admin token) instead of asking the API with an admin token")
     _add_json(t)
     t.set_defaults(func=cmd.cmd_token_create)
+    t = token_sub.add_parser("list", help="tokens by name and role (admin)")
+    t.add_argument("--revoked", action="store_true", help="include revoked tokens")
+    _add_json(t)
+    t.set_defaults(func=cmd.cmd_token_list)
+    t = token_sub.add_parser("revoke", help="revoke every token named NAME (admin)")
+    t.add_argument("name", metavar="NAME")
+    _add_json(t)
+    t.set_defaults(func=cmd.cmd_token_revoke)
 
     p = sub.add_parser("worker", help="run a Celery worker")
     p.add_argument("kind", choices=("trace", "compile"))
@@ -273,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from farm.core.signing import SigningKeyError
     from farm.node.cache import CacheError
-    from farm.node.errors import FarmError
+    from farm.node.errors import FarmError, FarmUnavailable
 
     try:
         return int(args.func(args))
@@ -281,6 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc), EXIT_USAGE)
     except (SpecError, TargetError) as exc:
         return _fail(str(exc), EXIT_USAGE)
+    except FarmUnavailable as exc:
+        return _fail(_unreachable_hint(str(exc), exc.status, args.url), EXIT_FAILURE)
     except (CommandFailed, FarmError, CacheError, SigningKeyError) as exc:
         return _fail(str(exc), EXIT_FAILURE)
     except KeyboardInterrupt:
@@ -298,6 +352,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.exception("failed")
         return _fail(f"{type(exc).__name__}: {exc}" if not _is_expected(exc) else str(exc),
                      EXIT_FAILURE)
+
+
+def _unreachable_hint(message: str, status: int | None, url: str | None) -> str:
+    """Nothing answered at all (no HTTP status): say how to get a farm there."""
+    if status is not None:
+        return message
+    where = "--url" if url else ("FARM_URL" if os.environ.get("FARM_URL") else
+                                 "the default (FARM_URL is not set)")
+    return (f"{_first_line(message)}; nothing answers there (from {where}): start a farm "
+            "on this machine with `farm serve --embedded`, or point FARM_URL (or --url) at "
+            "yours")
 
 
 def _is_expected(exc: BaseException) -> bool:

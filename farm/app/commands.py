@@ -21,6 +21,7 @@ from farm.app.console import (
     _human_size,
     _job_lines,
     _print_json,
+    _short_target,
 )
 from farm.core.specs import (
     CompileOptions,
@@ -39,11 +40,11 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def _resolve_target(text: str) -> Target:
-    from farm.core.target import detect_local_target
-
     if text.startswith("auto"):
-        device = text.partition(":")[2] or None
-        return detect_local_target(device, check_compiler=False)
+        from farm.node.local_target import node_target
+
+        # Kept per machine: no torch import (1-7 s) on every call.
+        return node_target(text.partition(":")[2] or None)
     return Target.parse(text)
 
 
@@ -64,6 +65,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_OK
     import uvicorn
 
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    url = f"http://{shown}:{args.port}"
+    print(f"torch-farm API on {url}\n  export FARM_URL={url}", flush=True)
     if args.workers > 1:
         uvicorn.run("registry.api.app:create_app", factory=True, host=args.host,
                     port=args.port, workers=args.workers)
@@ -113,11 +117,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             if job.get("warning"):
                 print(f"farm: warning: {job['warning']}", file=sys.stderr)
         return EXIT_OK
-    progress = Progress()
-    try:
-        view = client.wait(job["id"], args.timeout, on_progress=progress)
-    finally:
-        progress.finish()
+    view = _watch(client, str(job["id"]), args.timeout)
     if args.json:
         _print_json(view)
     else:
@@ -132,12 +132,61 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _watch(client: Any, job_id: str, timeout: float | None) -> dict[str, Any]:
+    """Wait for a job with progress on stderr. Ctrl-C or ``--timeout`` stop the
+    watching, not the job: both say so and how to watch it again."""
+    from farm.node.errors import JobTimeout
+
+    again = f"`farm status {job_id} --wait` watches it again"
+    progress = Progress()
+    try:
+        return dict(client.wait(job_id, timeout, on_progress=progress))
+    except KeyboardInterrupt:
+        progress.finish()
+        print(f"\nfarm: stopped watching; job {job_id} goes on on the farm; {again}",
+              file=sys.stderr)
+        raise SystemExit(130) from None
+    except JobTimeout as exc:
+        state = exc.detail.get("state") if isinstance(exc.detail, dict) else "running"
+        raise CommandFailed(f"job {job_id} still {state} after {timeout:g} s; it goes on on "
+                            f"the farm: {again}") from None
+    finally:
+        progress.finish()
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    view = _client(args).job(args.job_id)
+    client = _client(args)
+    view = client.job(args.job_id)
+    if args.wait and view.get("state") not in ("succeeded", "failed", "partial"):
+        view = _watch(client, str(view["id"]), args.timeout)
     if args.json:
         _print_json(view)
     else:
         print("\n".join(_job_lines(view, with_log=args.log)))
+    state = view.get("state")
+    if state in ("failed", "partial"):
+        # A script that checks `farm status` must see a failed job fail.
+        raise CommandFailed(f"job {view.get('id')} {state}")
+    return EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    jobs = _client(args).jobs(state=args.state, model=args.model, limit=args.limit)
+    if args.json:
+        _print_json(jobs)
+        return EXIT_OK
+    if not jobs:
+        print("no jobs" + (f" in state {args.state}" if args.state else "")
+              + (f" of {args.model}" if args.model else ""))
+    for j in jobs:
+        builds = ", ".join(
+            f"{_short_target(str(b.get('target')))}: {b.get('stage') or b.get('state')}"
+            for b in j.get("builds") or [])
+        when = str(j.get("created_at") or "")[:19].replace("T", " ")
+        print(f"{j['id']}  {when}  {j.get('model')}@{j.get('version')}  {j.get('state')}"
+              + (f"  [{builds}]" if builds else ""))
+        if j.get("error"):
+            print(f"    error: {_first_line(j['error'])}")
     return EXIT_OK
 
 
@@ -158,6 +207,14 @@ def _resolve(args: argparse.Namespace, client: Any) -> dict[str, Any]:
         raise CommandFailed(str(exc)) from None
 
 
+LOAD_HINT = """\
+load it on a node with the same target (its module supplies the weights):
+  from farm.node.loader import load_artifact
+  fn = load_artifact("{path}", "{format}", module=model)   # model: your nn.Module, eval()
+  with torch.no_grad():                                    # {grad_mode} artifact
+      y = fn(x)"""
+
+
 def _artifact_lines(resolved: dict[str, Any]) -> list[str]:
     a = resolved["artifact"]
     lines = [
@@ -169,6 +226,11 @@ def _artifact_lines(resolved: dict[str, Any]) -> list[str]:
     ]
     if a.get("first_call_compiles"):
         lines.append("  warning   its first call still compiles")
+    if resolved.get("offline"):
+        lines.append("  offline   the farm did not answer; the answer kept at "
+                     f"{resolved.get('resolved_at')}")
+    for i, why in enumerate(resolved.get("why") or []):
+        lines.append(f"  {'why' if i == 0 else '':<9} {why}")
     if resolved.get("alternatives"):
         lines.append(f"  + {len(resolved['alternatives'])} other loadable artifact(s)")
     return lines
@@ -184,12 +246,14 @@ def cmd_resolve(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    client = _client(args)
-    resolved = _resolve(args, client)
-    cached = client.fetch(resolved)  # verified: digest and signature
     out: Path = args.output
     if out.is_dir():
         raise UsageError(f"-o {out}: is a directory; give a file name")
+    if out.exists() and not args.force:
+        raise UsageError(f"-o {out}: the file exists; pass --force to overwrite it")
+    client = _client(args)
+    resolved = _resolve(args, client)
+    cached = client.fetch(resolved)  # verified: digest and signature
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         shutil.copyfile(cached, tmp)
@@ -202,6 +266,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         _print_json({**resolved, "path": str(out)})
     else:
         print(f"{out}  sha256:{a['digest']}  {a.get('format')}  {_human_size(a.get('size'))}")
+        print(LOAD_HINT.format(path=out, format=a.get("format"), grad_mode=a.get("grad_mode")),
+              file=sys.stderr)
     return EXIT_OK
 
 
@@ -233,7 +299,9 @@ def cmd_models(args: argparse.Namespace) -> int:
             if isinstance(aliases, dict) else ", ".join(map(str, aliases))
         print(f"{m.get('name')}" + (f"  ({alias_text})" if alias_text else ""))
         for v in m.get("versions") or []:
-            print(f"  {v.get('version')}  {v.get('entrypoint')}  "
+            # kwargs shown: two versions of one entrypoint may differ by them alone.
+            kwargs = json.dumps(v.get("kwargs") or {}, sort_keys=True, separators=(",", ":"))
+            print(f"  {v.get('version')}  {v.get('entrypoint')}  {kwargs}  "
                   f"{v.get('artifacts', 0)} artifact(s)")
     return EXIT_OK
 
@@ -259,8 +327,84 @@ def cmd_alias_set(args: argparse.Namespace) -> int:
     body = _client(args).set_alias(args.name, args.alias, args.version)
     if args.json:
         _print_json(body)
+        return EXIT_OK
+    previous = body.get("previous")
+    if previous and previous != args.version:
+        print(f"{args.name}@{args.alias} -> {args.version} (was {previous}; roll back with "
+              f"`farm alias set {args.name} {args.alias} {previous}`)")
     else:
         print(f"{args.name}@{args.alias} -> {args.version}")
+    return EXIT_OK
+
+
+def cmd_alias_list(args: argparse.Namespace) -> int:
+    body = _client(args).aliases(args.name, history=args.history)
+    if args.json:
+        _print_json(body)
+        return EXIT_OK
+    now = body.get("aliases") or []
+    if not now:
+        print(f"{args.name} has no aliases (`farm alias set {args.name} prod VERSION`)")
+    for a in now:
+        print(f"{args.name}@{a['alias']} -> {a['version']}")
+    if args.history:
+        events = body.get("history") or []
+        if events:
+            print("history, newest first:")
+        for e in events:
+            when = str(e.get("at") or "")[:19].replace("T", " ")
+            move = (f"{e.get('previous')} -> {e['version']}" if e.get("previous")
+                    else f"set to {e['version']}") if e.get("version") else \
+                f"deleted (was {e.get('previous')})"
+            who = f"  by {e['actor']}" if e.get("actor") else ""
+            print(f"  {when}  {e['alias']}: {move}{who}")
+    return EXIT_OK
+
+
+def cmd_alias_rm(args: argparse.Namespace) -> int:
+    body = _client(args).delete_alias(args.name, args.alias)
+    if args.json:
+        _print_json(body)
+    else:
+        print(f"deleted {args.name}@{args.alias} (it pointed at {body.get('version')})")
+    return EXIT_OK
+
+
+def _deleted_lines(body: dict[str, Any]) -> list[str]:
+    lines = []
+    if body.get("versions"):
+        lines.append(f"  versions: {', '.join(body['versions'])} ({body.get('jobs', 0)} job(s))")
+    if body.get("aliases"):
+        lines.append(f"  aliases: {', '.join(body['aliases'])}")
+    if body.get("artifacts"):
+        lines.append(f"  artifacts: {len(body['artifacts'])}, blobs removed: "
+                     f"{len(body.get('blobs') or []) - len(body.get('blobs_not_deleted') or [])}")
+    if body.get("blobs_not_deleted"):
+        lines.append(f"  warning: {len(body['blobs_not_deleted'])} blob(s) could not be "
+                     "removed from the blob store (harmless, they are unreferenced)")
+    return lines
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    client = _client(args)
+    what = args.delete_command
+    if what == "artifact":
+        body = client.delete_artifact(args.digest.removeprefix("sha256:"))
+        title = f"deleted artifact {body.get('digest', args.digest)[:12]}"
+    elif what == "version":
+        name, ref = args.model
+        if ref is None:
+            raise UsageError("give the version to delete as NAME@VERSION "
+                             "(`farm delete model NAME` deletes all of them)")
+        body = client.delete_version(name, ref, force=args.force)
+        title = f"deleted {name}@{ref}"
+    else:
+        body = client.delete_model(args.name, force=args.force)
+        title = f"deleted model {args.name}"
+    if args.json:
+        _print_json(body)
+    else:
+        print("\n".join([title, *_deleted_lines(body)]))
     return EXIT_OK
 
 
@@ -285,6 +429,29 @@ def cmd_token_create(args: argparse.Namespace) -> int:
         print(token)
         print(f"farm: {args.role} token {args.name!r} created; it is shown only this once",
               file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    tokens = _client(args).tokens(revoked=args.revoked)
+    if args.json:
+        _print_json(tokens)
+        return EXIT_OK
+    if not tokens:
+        print("no tokens (besides FARM_ADMIN_TOKEN, which is never stored)")
+    for t in tokens:
+        when = str(t.get("created_at") or "")[:19].replace("T", " ")
+        print(f"{t['name']}  {t['role']}  created {when}" + ("  REVOKED" if t.get("revoked")
+                                                              else ""))
+    return EXIT_OK
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    n = _client(args).revoke_token(args.name)
+    if args.json:
+        _print_json({"name": args.name, "revoked": n})
+    else:
+        print(f"revoked {n} token(s) named {args.name!r} (effective within a few seconds)")
     return EXIT_OK
 
 

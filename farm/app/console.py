@@ -145,6 +145,9 @@ def _job_lines(view: dict[str, Any], *, with_log: bool = False) -> list[str]:
         lines.append(f"  error: {_first_line(view['error'])}")
     for b in view.get("builds") or []:
         bits = [str(b.get("state"))]
+        if b.get("state") == "running" and b.get("stage"):
+            since = str(b.get("stage_at") or "")[11:19]
+            bits = [f"running: {b['stage']}" + (f" (since {since} UTC)" if since else "")]
         if b.get("compile_s") is not None:
             bits.append(f"compiled in {b['compile_s']:.1f} s")
         if b.get("artifact_bytes"):
@@ -154,8 +157,13 @@ def _job_lines(view: dict[str, Any], *, with_log: bool = False) -> list[str]:
         if b.get("first_call_compiles"):
             bits.append("FIRST CALL STILL COMPILES")
         lines.append(f"  {b.get('target')}: {', '.join(bits)}")
-        if b.get("error"):
-            lines.append(f"    error: {_first_line(b['error'])}")
+        error = _first_line(b.get("error") or "")
+        if error and view.get("error") and error.startswith("trace failed"):
+            # The job's own error line above says it once; each build only
+            # repeated it (a shape error's whole FakeTensor dump, per target).
+            lines.append("    not built: the trace failed")
+        elif error:
+            lines.append(f"    error: {error}")
         if with_log and b.get("log"):
             lines.extend("    | " + ln for ln in str(b["log"]).splitlines())
     return lines

@@ -28,7 +28,7 @@ import httpx
 import tenacity
 
 from farm.core.specs import GradMode, JobSpec, SpecError, TensorSpec, parse_inputs
-from farm.core.target import Target, TargetError, detect_local_target
+from farm.core.target import Target, TargetError
 from farm.node.cache import ArtifactCache, CacheCorrupt, CacheError, validate_digest
 from farm.node.errors import (
     AuthenticationError,
@@ -39,6 +39,7 @@ from farm.node.errors import (
     NotFoundError,
     _detail_text,
 )
+from farm.node.types import AliasList, Deleted, JobSummary, TokenInfo
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -103,8 +104,11 @@ def as_target(target: Target | str | None, device: str | None = None) -> Target:
     if isinstance(target, Target):
         return target
     if target is None or target == "auto":
-        # A node: what it can run depends on its CPU, not on a compiler.
-        return detect_local_target(device, check_compiler=False)
+        # A node: what it can run depends on its CPU, not on a compiler; kept
+        # per machine so that a CLI call need not import torch for it.
+        from farm.node.local_target import node_target
+
+        return node_target(device)
     return Target.parse(target)
 
 
@@ -301,8 +305,10 @@ class FarmClient:
             if view.get("state") in TERMINAL_JOB_STATES:
                 return view
             if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeout(f"job {job_id} still {view.get('state')} after {timeout:g} s",
-                                 detail=view)
+                raise JobTimeout(
+                    f"job {view.get('id', job_id)} still {view.get('state')} after "
+                    f"{timeout:g} s; it goes on on the farm: `farm status "
+                    f"{view.get('id', job_id)} --wait` (or wait() again) picks it up", detail=view)
             pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
             time.sleep(pause)
             delay = min(poll_s, delay * 2)
@@ -323,6 +329,76 @@ class FarmClient:
     def targets(self) -> Any:
         return self._request("GET", "/v1/targets")
 
+    def ready(self) -> dict[str, Any]:
+        """``/readyz``: whether the farm can take a job now (a compile worker is
+        live); ``FarmUnavailable`` naming what is missing when it cannot."""
+        return dict(self._request("GET", "/readyz") or {})
+
+    # --- everyday commands: the CLI's, one method each --------------------------
+
+    def jobs(self, *, state: str | None = None, model: str | None = None,
+             limit: int = 50) -> list[JobSummary]:
+        """Jobs, newest first (``farm jobs``); filter by ``state`` (queued,
+        tracing, compiling, succeeded, failed, partial) or ``model``."""
+        params: dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = state
+        if model:
+            params["model"] = model
+        body = self._request("GET", "/v1/jobs", params=params)
+        return list(body.get("jobs", []))
+
+    def aliases(self, model: str, *, history: bool = True) -> AliasList:
+        """The model's aliases and (``history``) every move of each, newest first
+        (``farm alias list``): what a rollback reads."""
+        body: AliasList = self._request("GET", f"/v1/models/{quote(model, safe='')}/aliases",
+                                        params={"history": str(history).lower()})
+        return body
+
+    def delete_alias(self, model: str, alias: str) -> Deleted:
+        """Remove ``model@alias`` (its history is kept)."""
+        body: Deleted = self._request(
+            "DELETE", f"/v1/models/{quote(model, safe='')}/aliases/{quote(alias, safe='')}")
+        return body
+
+    def delete_version(self, model: str, version: str, *, force: bool = False) -> Deleted:
+        """Delete ``model@version``: its jobs, the aliases on it, and the artifacts
+        no other version uses. ``force``: even while its jobs still build."""
+        body: Deleted = self._request(
+            "DELETE", f"/v1/models/{quote(model, safe='')}/versions/{quote(version, safe='')}",
+            params={"force": str(force).lower()})
+        return body
+
+    def delete_model(self, model: str, *, force: bool = False) -> Deleted:
+        """Delete a model with all its versions (admin)."""
+        body: Deleted = self._request("DELETE", f"/v1/models/{quote(model, safe='')}",
+                                      params={"force": str(force).lower()})
+        return body
+
+    def delete_artifact(self, digest: str) -> Deleted:
+        """Delete an artifact by its sha256 (admin): nodes stop resolving to it."""
+        body: Deleted = self._request("DELETE", f"/v1/artifacts/{quote(digest, safe='')}")
+        return body
+
+    def tokens(self, *, revoked: bool = False) -> list[TokenInfo]:
+        """API tokens by name and role (admin); the tokens themselves are never kept."""
+        body = self._request("GET", "/v1/tokens", params={"revoked": str(revoked).lower()})
+        return list(body.get("tokens", []))
+
+    def revoke_token(self, name: str) -> int:
+        """Revoke every token named ``name`` (admin); returns how many."""
+        body = self._request("DELETE", f"/v1/tokens/{quote(name, safe='')}")
+        return int(body.get("revoked", 0))
+
+    def compiled(self, module_or_fn: Any, *, model: str, ref: str | None = None,
+                 example_inputs: Any = None, **kw: Any) -> Callable[..., Any]:
+        """``farm.node.compiled`` through this client: ``module_or_fn`` on the
+        farm's artifact, or JIT with the reason (see that function)."""
+        from farm.node.compiled import compiled
+
+        return compiled(module_or_fn, model=model, ref=ref, example_inputs=example_inputs,
+                        client=self, **kw)
+
     def resolve(
         self,
         model: str,
@@ -333,9 +409,17 @@ class FarmClient:
         *,
         formats: Sequence[str] | None = None,
         options: Mapping[str, str] | None = None,
+        offline: bool = False,
     ) -> dict[str, Any]:
-        """The farm's best artifact for this node; ``NotFoundError`` (with the
-        rejection reasons) when none fits."""
+        """The farm's best artifact for this node (``farm resolve``), with
+        ``why`` it was chosen; ``NotFoundError`` (with each candidate's
+        rejection reason) when none fits.
+
+        Every answer is kept in this node's cache. With ``offline``, when the
+        farm cannot be reached, the answer kept for the very same question is
+        returned instead (``offline: True``, ``resolved_at``); ``fetch`` then
+        checks it as always and finds the bytes in the cache (``farm prefetch``
+        puts them there)."""
         import json
 
         specs = as_input_specs(inputs)
@@ -349,7 +433,52 @@ class FarmClient:
             params.append(("format", f))
         if options:
             params.append(("options", json.dumps(dict(options), sort_keys=True)))
-        return dict(self._request("GET", "/v1/resolve", params=params))
+        try:
+            answer = dict(self._request("GET", "/v1/resolve", params=params))
+        except FarmUnavailable:
+            kept = self._kept_resolution(params) if offline else None
+            if kept is None:
+                raise
+            log.warning("torch-farm: the farm at %s cannot be reached; using the answer this "
+                        "node kept at %s for %s@%s", self.url, kept.get("resolved_at"), model,
+                        ref or "latest")
+            return kept
+        self._keep_resolution(params, answer)
+        return answer
+
+    def _resolution_path(self, params: Sequence[tuple[str, str]]) -> Path:
+        key = "\n".join([self.url, *sorted(f"{k}={v}" for k, v in params)])
+        name = hashlib.sha256(key.encode()).hexdigest()
+        return self.cache.root / "resolutions" / f"{name}.json"
+
+    def _keep_resolution(self, params: Sequence[tuple[str, str]], answer: Mapping[str, Any]
+                         ) -> None:
+        """Best effort: a node that cannot write its cache still resolves."""
+        import json
+        from datetime import datetime, timezone
+
+        try:
+            path = self._resolution_path(params)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps({**answer, "resolved_at":
+                                       datetime.now(timezone.utc).isoformat()}))
+            os.replace(tmp, path)
+        except (OSError, CacheError, TypeError, ValueError) as exc:
+            log.debug("could not keep the resolve answer: %s", exc)
+
+    def _kept_resolution(self, params: Sequence[tuple[str, str]]) -> dict[str, Any] | None:
+        import json
+
+        try:
+            kept = json.loads(self._resolution_path(params).read_text())
+        except (OSError, ValueError, CacheError):
+            return None
+        if not isinstance(kept, dict) or not isinstance(kept.get("artifact"), dict):
+            return None
+        # Trusted no more than a fresh answer: fetch() checks it against the
+        # pinned key and its bytes against the digest.
+        return {**kept, "offline": True}
 
     def report_miss(
         self,

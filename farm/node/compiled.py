@@ -95,6 +95,8 @@ class Prefetched:
     artifact: dict[str, Any]
     path: Path
     timings: dict[str, float]
+    # The farm could not be reached: the resolve answer came from this node's cache.
+    offline: bool = False
 
     @property
     def format(self) -> str:
@@ -161,8 +163,10 @@ class CompiledHandle:
             raise FarmError(f"cannot describe this node as a target: {exc}") from None
         self.target = target
         t1 = time.perf_counter()
+        # offline: with the farm unreachable, the answer this node kept from
+        # an earlier resolve (``farm prefetch``), checked as a fresh one is.
         resolved = self.client.resolve(self.model, self.ref, self.inputs, self.grad_mode, target,
-                                       formats=self._formats)
+                                       formats=self._formats, offline=True)
         t2 = time.perf_counter()
         fmt = resolved["artifact"].get("format")
         if self._warm_wanted and fmt in _FORMATS_NEEDING_WARM_IMPORTS:
@@ -176,7 +180,8 @@ class CompiledHandle:
         self.timings.update(target_s=t1 - t0, resolve_s=t2 - t1, fetch_verify_s=t3 - t2)
         return Prefetched(model=self.model, ref=self.ref, version=resolved.get("version"),
                           inputs=self.inputs, grad_mode=self.grad_mode, target=target,
-                          artifact=dict(resolved["artifact"]), path=path, timings=self.timings)
+                          artifact=dict(resolved["artifact"]), path=path, timings=self.timings,
+                          offline=bool(resolved.get("offline")))
 
     def done(self) -> bool:
         return self._future.done()
@@ -191,7 +196,12 @@ class CompiledHandle:
         With ``fallback`` (the default) any failure (no artifact, a download,
         signature or load error) logs why and returns JIT
         ``torch.compile(module_or_fn, fullgraph=True)`` instead; without it,
-        the error is raised.
+        the error is raised (a miss with every candidate's rejection reason).
+
+        An inference artifact runs the module as it was built: in ``eval()``
+        (a module still in training mode is switched, with a log line) and
+        under ``torch.no_grad()``, so a caller in torch's default grad mode
+        gets the artifact rather than a guard failure.
         """
         try:
             pre = self.result(timeout)
@@ -199,6 +209,11 @@ class CompiledHandle:
             # Any failure of the farm's side (a miss, the network, a bad
             # answer, a full disk) is a reason to run JIT, never to crash.
             if not fallback:
+                if isinstance(exc, NotFoundError) and exc.rejections:
+                    raise NotFoundError(
+                        f"{exc}; each candidate and why:\n{format_rejections(exc.rejections)}",
+                        status=exc.status, detail=exc.detail, rejections=exc.rejections,
+                    ) from exc
                 raise
             self._explain(exc)
             return FarmCompiled(None, module_or_fn, prefetched=None, reason=first_line(exc))
@@ -218,6 +233,13 @@ class CompiledHandle:
                                     [{"code": "class_mismatch", "digest": pre.digest,
                                       "reason": mismatch}])
             return FarmCompiled(None, module_or_fn, prefetched=pre, reason=mismatch)
+        if pre.grad_mode is GradMode.INFERENCE and getattr(module_or_fn, "training", False):
+            # Dynamo guards on the training flag, and the farm built (and
+            # verified) the inference artifact in eval mode.
+            log.info("torch-farm: %s is in training mode; switching it to eval() for its "
+                     "inference artifact (pass grad_mode='training' for a training one)",
+                     type(module_or_fn).__name__)
+            module_or_fn.eval()
         t0 = time.perf_counter()
         try:
             from farm.node.loader import load_artifact
@@ -234,8 +256,9 @@ class CompiledHandle:
                                       "reason": reason}])
             return FarmCompiled(None, module_or_fn, prefetched=pre, reason=reason)
         self.timings["load_s"] = time.perf_counter() - t0
-        log.info("torch-farm: %s@%s runs artifact %s (%s) for %s", self.model,
-                 pre.version, pre.digest[:12], pre.format, pre.target)
+        log.info("torch-farm: %s@%s runs artifact %s (%s) for %s%s", self.model,
+                 pre.version, pre.digest[:12], pre.format, pre.target,
+                 " (offline: from this node's cache)" if pre.offline else "")
         return FarmCompiled(fn, module_or_fn, prefetched=pre, reason=None)
 
     def _explain(self, exc: BaseException) -> None:
@@ -291,6 +314,7 @@ class FarmCompiled:
         self._jit_lock = threading.Lock()
         self.prefetched = prefetched
         self.reason = reason
+        self._inference = prefetched is not None and prefetched.grad_mode is GradMode.INFERENCE
         self._warned_guard = False
         if fn is not None:
             functools.update_wrapper(self, fn, updated=())
@@ -315,6 +339,12 @@ class FarmCompiled:
         if self._fn is None:
             return self.jit()(*args, **kwargs)
         try:
+            if self._inference:
+                import torch
+
+                # Guards pin grad mode: the artifact was built without grad.
+                with torch.no_grad():
+                    return self._fn(*args, **kwargs)
             return self._fn(*args, **kwargs)
         except RuntimeError as exc:
             if not str(exc).startswith(_GUARD_FAILURE):
@@ -370,7 +400,7 @@ def prefetch_compiled(
     model: str,
     ref: str | None = None,
     example_inputs: Any,
-    grad_mode: GradMode | str | bool | None = None,
+    grad_mode: GradMode | str | bool | None = GradMode.INFERENCE,
     target: Target | str | None = "auto",
     device: str | None = None,
     client: FarmClient | None = None,
@@ -382,9 +412,9 @@ def prefetch_compiled(
     what loading it needs) in the background; ``.bind(module)`` later.
 
     ``device`` (``"cpu"``, ``"cuda"``) picks the target with ``target="auto"``;
-    None means CUDA when present. ``grad_mode`` None means the grad mode in
-    force now: pass it explicitly when the model will be called under
-    ``torch.no_grad()`` but this call is not. ``formats`` limits the artifact
+    None means CUDA when present. ``grad_mode``: ``"inference"`` (the default,
+    what ``farm submit`` builds without ``--train``), ``"training"`` (backward
+    compiled ahead), or None for the grad mode in force now. ``formats`` limits the artifact
     formats this node takes (default: any, the resolver's preference).
     """
     specs = as_input_specs(example_inputs)
@@ -402,7 +432,7 @@ def compiled(
     model: str,
     ref: str | None = None,
     example_inputs: Any = None,
-    grad_mode: GradMode | str | bool | None = None,
+    grad_mode: GradMode | str | bool | None = GradMode.INFERENCE,
     target: Target | str | None = "auto",
     client: FarmClient | None = None,
     fallback: bool = True,
@@ -421,6 +451,17 @@ def compiled(
     None, the first call's positional arguments are used (and the farm is
     asked then). With ``overlap`` the imports that loading needs run beside
     the resolve and download.
+
+    Grad mode: ``"inference"`` by default, whatever ``torch.is_grad_enabled()``
+    says, because that is what the farm builds unless a job asks for
+    training: the module is put in ``eval()`` and every call runs under
+    ``torch.no_grad()``. ``grad_mode="training"`` asks for the training
+    artifact (``farm submit --train``); None takes torch's grad mode now
+    (or, without ``example_inputs``, at the first call).
+
+    Offline: when the farm cannot be reached, the resolve answer this node
+    kept from an earlier resolve (``farm prefetch``) is used, with the same
+    signature and digest checks, and the bytes come from the node's cache.
     """
     device = _module_device(module_or_fn, example_inputs)
     if example_inputs is None:

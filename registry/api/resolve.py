@@ -195,14 +195,18 @@ async def resolve(
                       f"candidate(s) rejected ({codes})")
         else:
             detail = f"{what} has no artifacts yet (not built, or its builds are still running)"
+        hint = resolver.dynamic_hint(result, inputs=specs)
+        if hint:
+            detail = f"{detail}; {hint}"
         await _record_miss(state, model, cached.version, specs, mode, node, rejections)
         return JSONResponse({"detail": detail, "model": model, "version": cached.version,
-                             "rejections": rejections}, status_code=404)
+                             "rejections": rejections, "hint": hint}, status_code=404)
     metrics.resolves.labels("hit").inc()
     outs = [await artifact_out(state, request, cached, r) for r in result.accepted]
     return JSONResponse({
         "model": model, "version": cached.version, "ref": ref,
         "artifact": outs[0], "alternatives": outs[1:],
+        "why": resolver.why_chosen(result, target=node, inputs=specs),
         "key_id": state.signer.key_id,
     })
 
