@@ -1,6 +1,9 @@
 # One image for the API and the workers. The GPU worker uses the CUDA build of
 # torch (TORCH_INDEX); the default is the CPU build.
-FROM python:3.11-slim
+# The patch version is pinned: it is part of every target (python=3.11.7), and
+# a floating tag would move the workers' target under the artifacts built for it.
+ARG PYTHON_VERSION=3.11.7
+FROM python:${PYTHON_VERSION}-slim
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX="https://download.pytorch.org/whl/cpu"
 RUN apt-get update && apt-get install -y --no-install-recommends g++ curl && rm -rf /var/lib/apt/lists/*
