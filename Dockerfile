@@ -6,7 +6,9 @@ ARG PYTHON_VERSION=3.11.7
 FROM python:${PYTHON_VERSION}-slim
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX="https://download.pytorch.org/whl/cpu"
-RUN apt-get update && apt-get install -y --no-install-recommends g++ curl && rm -rf /var/lib/apt/lists/*
+# bubblewrap: the build sandbox (farm.build.sandbox); setpriv comes with util-linux.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ curl bubblewrap \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY farm farm

@@ -4,6 +4,16 @@
 # and the dev extras. Idempotent and quick when done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Build workers run model code under bubblewrap (farm.build.sandbox): a worker
+# that cannot isolate refuses to start, and the sandbox tests need it.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
+      || echo "bootstrap: could not install bubblewrap (apt-get install -y bubblewrap)" >&2
+  else
+    echo "bootstrap: bubblewrap (bwrap) is missing: install it (apt-get install -y bubblewrap)" >&2
+  fi
+fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

@@ -77,6 +77,15 @@ def _installed_roots() -> list[Path]:
     return [Path(r).resolve() for r in roots if r]
 
 
+def _installed_top_levels() -> dict[str, str]:
+    import importlib.metadata
+
+    try:
+        return {k: ", ".join(v) for k, v in importlib.metadata.packages_distributions().items()}
+    except Exception:  # a broken distribution's metadata must not stop a submit
+        return {}
+
+
 def _within(path: Path, roots: Iterable[Path]) -> bool:
     return any(path == r or r in path.parents for r in roots)
 
@@ -119,6 +128,10 @@ def plan_source(entrypoint: str, *, source: str | os.PathLike[str] | None = None
             raise CodePackError(f"--source {source}: no such file or directory")
         return SourcePlan(entrypoint, src, f"--source {src}")
     top_name = module.split(".")[0]
+    dists = _installed_top_levels()
+    if top_name in dists:
+        # An installed distribution (an editable install too: farm itself).
+        return SourcePlan(entrypoint, None, f"{top_name!r} is installed ({dists[top_name]})")
     paths = [str(base), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p],
              *(search_path if search_path is not None else [p for p in sys.path if p])]
     spec = importlib.machinery.PathFinder.find_spec(top_name, paths)

@@ -48,7 +48,11 @@ def faults(make_farm: MakeFarm) -> Iterator[FaultFarm]:
         pg_proxy=True,
         s3_proxy=True,
         env={"TRACE_TIMEOUT_S": str(TRACE_TIMEOUT_S), "FARM_REQUEUE_AFTER_S": "4",
-             "BUILD_TIMEOUT_S": str(scaled(120))},
+             "BUILD_TIMEOUT_S": str(scaled(120)),
+             # These models coordinate with the test through the host's files
+             # and pids (slow_once's marker, its parent worker): unisolated.
+             # Isolation is tested in test_hostile_models and test_byom.
+             "FARM_SANDBOX": "off"},
         workers=(("trace", "trace"), ("trace2", "trace"), ("compile", "compile"),
                  ("compile2", "compile")),
     )

@@ -127,13 +127,14 @@ def test_hostile_models_fail_their_own_builds_and_the_farm_keeps_serving(
     print("hostile jobs, seconds from submission to settled:",
           {k: round(v, 1) for k, v in took.items()})
 
-    # The good model ran in every stage, and never saw a credential.
-    lines = [json.loads(x) for x in record.read_text().splitlines()]
-    stages = {x["stage"] for x in lines}
-    assert {"trace", "compile", "verify"} <= stages, lines
-    for x in lines:
-        assert x["visible"] == [], x
-        assert x["env_size"] > 3, x  # an environment, just not the farm's
+    # The good model ran in every stage (a verified artifact means its factory
+    # ran in the trace, the compile and the verifier) and never saw a
+    # credential: the probe fails its build if it sees one. Isolated, it could
+    # not write its record outside its build directory either: the file it
+    # tried to append to on the worker's host never appeared.
+    (build,) = job["builds"]
+    assert build["artifacts"] and all(a["verified"] for a in build["artifacts"]), build
+    assert not record.exists(), record.read_text()
     # ... while the workers that ran it held them (or the check proves nothing),
     # and the probe would have seen them.
     for name in ("DATABASE_URL", "REDIS_URL", "AWS_SECRET_ACCESS_KEY", "FARM_ADMIN_TOKEN",

@@ -117,3 +117,31 @@ def test_secrets_are_git_ignored_and_python_is_pinned() -> None:
     docker = (ROOT / "Dockerfile").read_text()
     assert "ARG PYTHON_VERSION=3.11.7" in docker and "FROM python:${PYTHON_VERSION}-slim" in docker
     assert "python:3.11-slim" not in docker
+
+
+@pytest.mark.parametrize("name", ("trace-worker", "cpu-compile-worker", "gpu-compile-worker"))
+def test_build_workers_may_make_the_sandbox_and_need_no_user_code_in_the_image(
+        compose: dict[str, Any], name: str) -> None:
+    svc = compose["services"][name]
+    # bubblewrap needs namespaces, which Docker's default profiles forbid.
+    assert "SYS_ADMIN" in svc.get("cap_add", []), svc
+    assert "seccomp=unconfined" in svc.get("security_opt", []), svc
+    # The sandbox is on by default: nothing turns it off in the deployment.
+    assert "FARM_SANDBOX" not in svc["environment"]
+    assert Settings(**{k.lower(): v for k, v in svc["environment"].items()
+                       if k.lower() in Settings.model_fields}).farm_sandbox == "on"
+    # Users' code travels as code packs through the bucket the API writes:
+    # the same blob store, and no volume or image layer of user code.
+    api = compose["services"]["api"]
+    assert svc["environment"]["BLOB_STORE_URL"] == api["environment"]["BLOB_STORE_URL"]
+    assert not svc.get("volumes"), svc.get("volumes")
+
+
+def test_the_api_runs_no_model_code_and_gets_no_extra_privilege(compose: dict[str, Any]) -> None:
+    api = compose["services"]["api"]
+    assert not api.get("cap_add") and not api.get("security_opt")
+
+
+def test_the_image_installs_bubblewrap() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert "bubblewrap" in text

@@ -1,0 +1,186 @@
+"""farm.build.sandbox's isolation, observed from inside and outside the child:
+uid, pid namespace, the parent's /proc, network, files, environment, limits;
+and how FARM_SANDBOX decides (on refuses, auto and off warn).
+
+Needs bubblewrap (scripts/bootstrap.sh installs it), like a build worker."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from farm.build import sandbox
+from farm.build.sandbox import (
+    Isolation,
+    SandboxUnavailable,
+    build_isolation,
+    check_worker_can_isolate,
+    isolation_unavailable,
+    run_isolated,
+)
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
+                                reason="bubblewrap is not installed (scripts/bootstrap.sh)")
+
+PROBE = textwrap.dedent('''
+    import os, socket, time
+    from pathlib import Path
+
+
+    def look(p):
+        out = {"uid": os.getuid(), "pid": os.getpid(), "env": dict(os.environ),
+               "pids": sorted(int(x) for x in os.listdir("/proc") if x.isdigit())}
+        out["parent_environ"] = _read(f"/proc/{p['parent']}/environ")
+        out["pid1_environ"] = _read("/proc/1/environ")
+        out["secret_file"] = _read(p["secret_file"])
+        out["connect"] = {}
+        for port in p["ports"]:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                out["connect"][str(port)] = "connected"
+            except OSError as exc:
+                out["connect"][str(port)] = type(exc).__name__
+        out["writes"] = {d: _write(d) for d in p["write_dirs"]}
+        out["home"] = os.path.expanduser("~")
+        return out
+
+
+    def _read(path):
+        try:
+            return "READ:" + Path(path).read_text(errors="replace")[:200]
+        except OSError as exc:
+            return type(exc).__name__
+
+
+    def _write(d):
+        try:
+            (Path(d) / "probe.txt").write_text("x")
+            return "wrote"
+        except OSError as exc:
+            return type(exc).__name__
+
+
+    def hang(p):
+        while True:
+            time.sleep(1)
+
+
+    def hog(p):
+        keep = []
+        while True:
+            keep.append(bytearray(b"1" * (32 << 20)))
+''')
+
+
+@pytest.fixture
+def probe_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "code"
+    d.mkdir()
+    (d / "isoprobe.py").write_text(PROBE)
+    return d
+
+
+@pytest.fixture
+def planted(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    value = f"planted-{uuid.uuid4().hex}"
+    # Names no scrub rule knows: the allow-list keeps them out.
+    monkeypatch.setenv("INNOCENT_LOOKING", value)
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://x:{value}@db/farm")
+    yield value
+
+
+def _listening_port() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s
+
+
+def test_the_child_sees_nothing_of_the_worker(probe_dir: Path, tmp_path: Path,
+                                              planted: str) -> None:
+    secret = tmp_path / "signing-key.pem"
+    secret.write_text(planted)
+    build = tmp_path / "build"
+    build.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    outside.chmod(0o777)
+    listener = _listening_port()  # a service on the host's loopback
+    try:
+        res = run_isolated(
+            "isoprobe:look",
+            {"parent": os.getpid(), "secret_file": str(secret),
+             "ports": [listener.getsockname()[1], 5432, 6379],
+             "write_dirs": [str(build), str(outside), str(probe_dir),
+                            str(Path(os.__file__).parent)]},
+            timeout_s=60, memory_mb=2000, import_paths=[probe_dir],
+            isolation=Isolation(writable=(str(build),)))
+    finally:
+        listener.close()
+    assert res.ok, (res.error, res.traceback, res.stderr_tail)
+    v = res.value
+    if os.geteuid() == 0:
+        assert v["uid"] == sandbox.DEFAULT_SANDBOX_UID, v["uid"]
+    assert os.getpid() not in v["pids"] and len(v["pids"]) <= 3, v["pids"]
+    assert v["parent_environ"] == "FileNotFoundError", v["parent_environ"]
+    assert not v["pid1_environ"].startswith("READ:") or planted not in v["pid1_environ"]
+    assert v["secret_file"] == "FileNotFoundError"
+    assert set(v["connect"].values()) <= {"ConnectionRefusedError", "OSError"}, v["connect"]
+    assert v["writes"][str(build)] == "wrote"
+    assert (build / "probe.txt").exists()  # the one writable place, seen from the host
+    assert v["writes"][str(outside)] == "FileNotFoundError"  # not even there
+    assert v["writes"][str(probe_dir)] == "OSError"  # EROFS: the code pack is read-only
+    assert v["writes"][str(Path(os.__file__).parent)] == "OSError"
+    assert not (outside / "probe.txt").exists()
+    assert planted not in repr(v["env"]), "a planted secret reached the child's environment"
+    assert "DATABASE_URL" not in v["env"] and "INNOCENT_LOOKING" not in v["env"]
+    assert v["home"] != os.path.expanduser("~")
+
+
+def test_limits_still_end_an_isolated_child(probe_dir: Path) -> None:
+    res = run_isolated("isoprobe:hang", {}, timeout_s=3, memory_mb=2000,
+                       import_paths=[probe_dir], isolation=Isolation())
+    assert res.timed_out and not res.ok, res
+    res = run_isolated("isoprobe:hog", {}, timeout_s=120, memory_mb=400,
+                       import_paths=[probe_dir], isolation=Isolation())
+    assert res.oom and not res.ok, res
+    assert 400 <= res.peak_rss_mb < 1400, res.peak_rss_mb
+
+
+def test_an_exception_comes_back_from_an_isolated_child(probe_dir: Path) -> None:
+    res = run_isolated("isoprobe:no_such_function", {}, timeout_s=60, memory_mb=2000,
+                       import_paths=[probe_dir], isolation=Isolation())
+    assert not res.ok and res.error_type == "AttributeError", res
+
+
+def test_sandbox_modes(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    assert isolation_unavailable() is None  # bubblewrap works here
+    assert build_isolation(mode="on", writable=("/tmp/x",)) == Isolation(writable=("/tmp/x",))
+    with caplog.at_level(logging.WARNING, logger="farm.build.sandbox"):
+        assert build_isolation(mode="off", what="build abc") is None
+    assert "FARM_SANDBOX=off" in caplog.text and "build abc" in caplog.text
+    with pytest.raises(SandboxUnavailable, match="not one of"):
+        build_isolation(mode="maybe")
+    # Without bubblewrap: "on" refuses (a worker does not start), "auto" warns.
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name, path=None: None)
+    isolation_unavailable.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailable, match="apt-get install -y bubblewrap"):
+            check_worker_can_isolate("on")
+        with pytest.raises(SandboxUnavailable, match="FARM_SANDBOX=off"):
+            build_isolation(mode="on")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="farm.build.sandbox"):
+            assert build_isolation(mode="auto") is None
+            check_worker_can_isolate("auto")
+        assert caplog.text.count("unisolated") == 2
+    finally:
+        isolation_unavailable.cache_clear()
