@@ -15,6 +15,15 @@ pytest_plugins = [
     "tests.fixtures.faults",
 ]
 
+# Modules that take minutes, longest first: xdist hands out work in collection
+# order, so these start at once instead of last (tests/integration/test_pipeline
+# sorts after everything else by name and was the run's critical path).
+LONG_FIRST = (
+    "test_pipeline", "test_faults", "test_embedded", "test_hostile_models",
+    "test_compile_cpu", "test_netns", "test_load", "test_byom", "test_everyday",
+    "test_aoti_check", "test_fuzz_api",
+)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # Runs in the controller first, and xdist's workers inherit its
@@ -30,10 +39,27 @@ def pytest_configure(config: pytest.Config) -> None:
     # Time limits in tests scale with this (tests/slowdown.py).
     slowdown.factor()
     # xdist workers take consecutive Redis databases from one random base,
-    # so two workers of one run never flush each other's.
-    os.environ.setdefault("FARM_TEST_REDIS_BASE", str(random.randint(0, 14)))
+    # so two workers of one run never flush each other's. (Not FARM_...: model
+    # code run by the farm must not see anything named so.)
+    os.environ.setdefault("TORCH_FARM_TEST_REDIS_BASE", str(random.randint(0, 14)))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        module = item.path.stem
+        return LONG_FIRST.index(module) if module in LONG_FIRST else len(LONG_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a module is kept
+
+
+def _slowdown_line() -> str:
+    return (f"{slowdown.ENV}={os.environ[slowdown.ENV]} (time limits in tests are "
+            f"multiplied by it; measured at start unless set)")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return (f"{slowdown.ENV}={os.environ[slowdown.ENV]} (time limits in tests are "
-            f"multiplied by it; measured at start unless set)")
+    return _slowdown_line()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    terminalreporter.write_line(_slowdown_line())

@@ -1,6 +1,7 @@
 """How much slower than the reference machine this run is, measured once at
-the start of the session (``FARM_TEST_SLOWDOWN``), so that time limits in the
-tests scale with the machine instead of assuming an idle one.
+the start of the session (``TORCH_FARM_TEST_SLOWDOWN``; not ``FARM_...``, a name
+model code must never see), so that time limits in the tests scale with the
+machine instead of assuming an idle one.
 
 The workload is single-threaded pure Python (hashing and integer arithmetic),
 so it measures the share of one core a test process gets: on 2 cores with
@@ -15,7 +16,7 @@ import os
 import statistics
 import time
 
-ENV = "FARM_TEST_SLOWDOWN"
+ENV = "TORCH_FARM_TEST_SLOWDOWN"
 # The median workload time on an idle core of the 2-core CI machine (s).
 REFERENCE_S = 0.11
 

@@ -18,10 +18,14 @@ from sqlalchemy import func, select
 
 from registry import models as m
 from registry.db import Database
+from tests.fixtures.client_install import SERVER_SIDE, client_only_site
 from tests.fixtures.farm import ROOT, Farm
+from tests.slowdown import scaled
 
-# One xdist worker runs the module: its tests share one expensive fixture.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("pipeline")]
+pytestmark = pytest.mark.integration
+# Each xdist worker that runs one of these starts its own farm (the session
+# fixture); the tests of one build share a worker, so it is built once.
+SAME_MLP_BUILD = pytest.mark.xdist_group("pipeline-mlp")
 
 NODE = Path(__file__).with_name("node_check.py")
 
@@ -68,6 +72,7 @@ def count(farm: Farm, model: type[Any], *where: Any) -> int:
         db.dispose()
 
 
+@SAME_MLP_BUILD
 def test_inference_job_builds_stores_and_loads(farm: Farm) -> None:
     job_id = farm.submit(job_spec("mlp", "1", "farm.zoo.basic:mlp", inputs=["float32[4,64]"]))
     job = farm.wait_job(job_id)
@@ -102,6 +107,39 @@ def test_inference_job_builds_stores_and_loads(farm: Farm) -> None:
         )
         assert result["format"] == fmt
         assert result["max_abs_err"] <= 1e-4, result
+
+
+@SAME_MLP_BUILD
+def test_a_node_installed_without_the_server_set_loads_an_artifact(
+    farm: Farm, tmp_path: Path
+) -> None:
+    """`pip install torch-farm` (no extras) is a fleet node: torch-farm with
+    --no-deps beside only its base dependencies, in a process that cannot
+    import SQLAlchemy, Celery, FastAPI or boto3, resolves, verifies, fetches
+    and loads the artifact the farm built (the same build as the first test's)."""
+    job = farm.wait_job(farm.submit(job_spec("mlp-node", "1", "farm.zoo.basic:mlp",
+                                             inputs=["float32[4,64]"])))
+    assert job["state"] == "succeeded", json.dumps(job, indent=1)[:4000]
+    paths = client_only_site(tmp_path)
+    args = ["--model", "mlp-node", "--ref", "1", "--entrypoint", "farm.zoo.basic:mlp",
+            "--input", "float32[4,64]", "--format", "aoti"]
+    code = f"""
+import importlib.util, runpy, sys
+sys.path[:0] = {paths!r}
+present = [m for m in {SERVER_SIDE!r} if importlib.util.find_spec(m) is not None]
+assert not present, f"server-side packages are importable: {{present}}"
+import farm
+assert farm.__file__.startswith({paths[0]!r}), farm.__file__
+sys.argv = [{str(NODE)!r}, *{args!r}]
+runpy.run_path({str(NODE)!r}, run_name="__main__")
+"""
+    env = {k: v for k, v in farm.env.items() if k != "PYTHONPATH"}
+    # -S: none of this environment's site-packages, only the two directories.
+    out = subprocess.run([sys.executable, "-S", "-c", code], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=scaled(300))
+    assert out.returncode == 0, out.stdout + out.stderr[-6000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["format"] == "aoti" and result["max_abs_err"] <= 1e-4, result
 
 
 def test_training_artifact_gives_eager_gradients(farm: Farm) -> None:
