@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farm.core.cpu_isa import cache_file, write_cache_file
+from farm.core.cpu_isa import cache_file, read_json_object, write_cache_file
 
 log = logging.getLogger(__name__)
 
@@ -297,14 +297,8 @@ def _key(device: str, cands: list[str]) -> str:
 def _read(path: Path | None) -> dict[str, Choice]:
     if path is None:
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
     out: dict[str, Choice] = {}
-    for k, v in data.items():
+    for k, v in read_json_object(path).items():
         choice = Choice.from_json(v)
         if isinstance(k, str) and choice is not None:
             out[k] = choice

@@ -289,18 +289,22 @@ def cxx_identity() -> str:
     return "none"
 
 
-def read_cache_file(path: Path) -> dict[str, str]:
-    """The cache's entries; empty when the file is missing, unreadable or not
-    ours (a corrupt file is then replaced by the next write)."""
+def read_json_object(path: Path) -> dict[Any, Any]:
+    """A per-machine cache file's JSON object; empty when the file is missing,
+    unreadable or not an object (a corrupt file is then replaced by the next
+    write). Shared by every per-machine cache (ISA, compiler, node target)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return {}
-    if not isinstance(data, dict):
-        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_cache_file(path: Path) -> dict[str, str]:
+    """The ISA cache's entries (those that are ours)."""
     return {
         k: v
-        for k, v in data.items()
+        for k, v in read_json_object(path).items()
         if isinstance(k, str) and isinstance(v, str) and _ISA_VALUE_RE.match(v)
     }
 

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from farm.core.cpu_isa import _cpu_flags_digest, cache_file, write_cache_file
+from farm.core.cpu_isa import _cpu_flags_digest, cache_file, read_json_object, write_cache_file
 from farm.core.target import Target, TargetError, detect_local_target
 
 CACHE_ENV = "FARM_NODE_TARGET_CACHE"
@@ -98,10 +98,5 @@ def node_target(device: str | None = None) -> Target:
 
 
 def _entries(path: Path) -> dict[str, str]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+    return {k: v for k, v in read_json_object(path).items()
+            if isinstance(k, str) and isinstance(v, str)}
