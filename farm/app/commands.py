@@ -22,6 +22,7 @@ from farm.app.console import (
     _job_lines,
     _print_json,
     _short_target,
+    concise_error,
 )
 from farm.core.specs import (
     CompileOptions,
@@ -123,9 +124,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     else:
         print("\n".join(_job_lines(view)))
     if view.get("state") != "succeeded":
+        if not args.json:
+            # The lines above said why; once is enough.
+            raise CommandFailed(f"job {view.get('id')} {view.get('state')} (the error is above; "
+                                f"`farm status {view.get('id')} --log` has the whole log)")
         failed = [b for b in view.get("builds") or [] if b.get("state") not in
                   ("succeeded", "reused")]
-        why = _first_line(view.get("error") or next(
+        why = concise_error(view.get("error") or next(
             (b.get("error") for b in failed if b.get("error")), "") or "")
         raise CommandFailed(f"job {view.get('id')} {view.get('state')}"
                             + (f": {why}" if why else ""))

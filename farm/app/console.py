@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
@@ -135,6 +136,24 @@ def print_table(columns: list[str], rows: list[list[str]], *, title: str | None 
     console.print(table, soft_wrap=True)
 
 
+_FAKE_PARAM = re.compile(r"Parameter\(FakeTensor\([^()]*size=\(([^()]*)\)[^()]*\)\)")
+_FAKE_TENSOR = re.compile(r"FakeTensor\([^()]*size=\(([^()]*)\)[^()]*\)")
+_SHAPE_WORDS = ("reduction dim", "shapes cannot be multiplied", "size mismatch",
+                "must match the size", "Expected size", "expected input")
+
+
+def concise_error(text: Any) -> str:
+    """A job's error as one readable line: a trace's shape error names each
+    FakeTensor by its shape (``tensor[8, 63]``) instead of its repr, and says
+    what to check."""
+    line = _first_line(text)
+    short = _FAKE_TENSOR.sub(lambda m: f"tensor[{m.group(1).rstrip(',')}]",
+                             _FAKE_PARAM.sub(lambda m: f"param[{m.group(1).rstrip(',')}]", line))
+    if short != line and any(w in short for w in _SHAPE_WORDS):
+        short += " (the --input specs do not fit what the model takes: check their shapes)"
+    return short
+
+
 def _job_lines(view: dict[str, Any], *, with_log: bool = False) -> list[str]:
     lines = [f"job {view.get('id')}  {view.get('model')}@{view.get('version')}  "
              f"{view.get('state')}"]
@@ -142,7 +161,7 @@ def _job_lines(view: dict[str, Any], *, with_log: bool = False) -> list[str]:
         lines.append(f"  traced in {view['trace_s']:.1f} s, {view.get('param_count') or 0:,} "
                      f"params")
     if view.get("error"):
-        lines.append(f"  error: {_first_line(view['error'])}")
+        lines.append(f"  error: {concise_error(view['error'])}")
     for b in view.get("builds") or []:
         bits = [str(b.get("state"))]
         if b.get("state") == "running" and b.get("stage"):
@@ -163,7 +182,7 @@ def _job_lines(view: dict[str, Any], *, with_log: bool = False) -> list[str]:
             # repeated it (a shape error's whole FakeTensor dump, per target).
             lines.append("    not built: the trace failed")
         elif error:
-            lines.append(f"    error: {error}")
+            lines.append(f"    error: {concise_error(error)}")
         if with_log and b.get("log"):
             lines.extend("    | " + ln for ln in str(b["log"]).splitlines())
     return lines
