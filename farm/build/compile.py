@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from farm.core.cpu_isa import detect_cpu_isa
 from farm.core.digests import sha256_file
 from farm.core.elf import package_linkage
 from farm.core.modelref import (
@@ -63,6 +64,7 @@ from farm.core.modelref import (
     grad_context,
 )
 from farm.core.specs import GradMode, JobSpec, canonical_json
+from farm.core.torch_compat import enable_aot_compile
 from farm.node.loader import AOTI_META_KEY, FORMAT_AOT_COMPILE, FORMAT_AOTI, _describe, call_module
 
 log = logging.getLogger(__name__)
@@ -160,7 +162,7 @@ def compile_artifacts(
         raise CompileError("an AOTI package is inference-only: it has no backward")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    apply_version_shims()
+    enable_aot_compile()
     device = torch.device(target_device)
     model = build_weightless(spec, device)
     common = {
@@ -174,7 +176,7 @@ def compile_artifacts(
         "global_state": global_state(spec.grad_mode),
     }
     if device.type == "cpu":
-        common["cpu_isa"] = inductor_isa()
+        common["cpu_isa"] = detect_cpu_isa()
     common["cxx"] = cxx_identity()
     out: list[CompiledArtifact] = []
     for fmt in wanted:
@@ -216,15 +218,6 @@ def compile_job(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- building ---------------------------------------------------------------------------
-
-
-def apply_version_shims() -> None:
-    """torch before 2.12 only attaches ``.aot_compile`` to compiled functions
-    when ``torch._dynamo.config.enable_aot_compile`` is set."""
-    import torch._dynamo.config as dynamo_config
-
-    if hasattr(dynamo_config, "enable_aot_compile"):
-        dynamo_config.enable_aot_compile = True
 
 
 def build_weightless(spec: JobSpec, device: torch.device) -> Any:
@@ -512,12 +505,6 @@ def cxx_identity() -> str:
         return f"none ({type(exc).__name__})"
 
 
-def inductor_isa() -> str:
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    return str(pick_vec_isa())
-
-
 def portable_march(isa: str) -> str | None:
     head = isa.split()[0] if isa else ""
     return PORTABLE_MARCH.get(head)
@@ -563,7 +550,7 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
     constants = {
         name: _describe(named[name]) for name in [*ep.state_dict, *ep.constants] if name in named
     }
-    isa = inductor_isa() if device.type == "cpu" else ""
+    isa = detect_cpu_isa() if device.type == "cpu" else ""
     march = portable_march(isa) if device.type == "cpu" else None
     farm_meta = {
         "format_version": 1,

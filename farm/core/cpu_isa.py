@@ -53,9 +53,16 @@ def detect_cpu_isa(*, check_compiler: bool = True) -> str:
     # Inductor has no pick (no C++ compiler, or no ISA it knows). An
     # AOTInductor package still loads, and its kernels must have been built
     # for what this CPU runs, which is ATen's dispatch level ("AVX2" -> "avx2").
+    return aten_capability().lower()
+
+
+def aten_capability() -> str:
+    """ATen's CPU dispatch level ("AVX2", "AVX512", "DEFAULT", ...), which is
+    also how an AOTI package names the ISA it was built for: no compiler
+    needed, unlike Inductor's pick."""
     import torch
 
-    return str(torch.backends.cpu.get_cpu_capability()).lower()
+    return str(torch.backends.cpu.get_cpu_capability())
 
 
 # Inductor's x86 ISAs, widest first, by name (``str()`` of its VecISA classes,

@@ -36,6 +36,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from farm.core.cpu_isa import aten_capability
+from farm.core.torch_compat import enable_aot_compile
+
 log = logging.getLogger(__name__)
 
 FORMAT_AOT_COMPILE = "aot_compile"
@@ -154,7 +157,7 @@ def _load_aot_compile(path: Path, module: Any) -> Callable[..., Any]:
 
     import torch
 
-    _apply_load_shims()
+    enable_aot_compile()
     f_globals = None
     if callable(module) and not isinstance(module, torch.nn.Module):
         # A free function's artifact guards on its module's globals.
@@ -173,14 +176,6 @@ def _load_aot_compile(path: Path, module: Any) -> Callable[..., Any]:
     if isinstance(module, torch.nn.Module):
         return BoundArtifact(fn, module)
     return fn
-
-
-def _apply_load_shims() -> None:
-    """torch before 2.12 hides the aot_compile machinery behind a config flag."""
-    import torch._dynamo.config as dynamo_config
-
-    if hasattr(dynamo_config, "enable_aot_compile"):
-        dynamo_config.enable_aot_compile = True
 
 
 # --- AOTInductor -----------------------------------------------------------------------
@@ -235,14 +230,6 @@ def read_aoti_metadata(path: str | Path) -> dict[str, str]:
 def farm_metadata(meta: dict[str, str]) -> dict[str, Any]:
     raw = meta.get(AOTI_META_KEY)
     return dict(json.loads(raw)) if raw else {}
-
-
-def node_cpu_isa() -> str:
-    """ATen's CPU capability ("AVX2", "AVX512", ...): needs no C++ compiler,
-    unlike inductor's ``pick_vec_isa`` (which test-compiles each ISA)."""
-    import torch
-
-    return str(torch.backends.cpu.get_cpu_capability()).upper()
 
 
 def _resolve(module: Any, fqn: str) -> Any:
@@ -329,7 +316,8 @@ def _load_aoti(path: Path, module: Any, *, device_index: int) -> Callable[..., A
         # torch only warns about an ISA mismatch, and only when a C++ compiler
         # is present to detect it; the wrong ISA gives wrong numbers or SIGILL.
         built = meta_all.get("AOTI_CPU_ISA", "").split()
-        here = node_cpu_isa()
+        # ATen's level ("AVX2", "AVX512"): AOTI names the ISA as ATen does.
+        here = aten_capability().upper()
         if built and built[0] != here.split()[0]:
             raise ArtifactLoadError(
                 f"AOTI package was built for CPU ISA {built[0]}, this node runs {here}"
