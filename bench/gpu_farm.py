@@ -69,6 +69,7 @@ JOBS: dict[str, dict[str, Any]] = {
 }
 
 
+
 def start_farm(
     home: Path, port: int, device: str
 ) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
@@ -217,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(r), flush=True)
             write_table(a.out, stamp, target, rows)
         print(write_table(a.out, stamp, target, rows), flush=True)
-        return 0
+        # Non-zero when a build did not end well: gpu_check.sh must not
+        # measure a cold start beside a worker that is still compiling.
+        return 0 if rows and all(r["state"] == "succeeded" for r in rows) else 3
     finally:
         if not a.keep:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -175,6 +175,7 @@ def test_a_crashing_child_is_named_by_its_signal(monkeypatch: pytest.MonkeyPatch
         def __init__(self, rc: int) -> None:
             self.returncode, self.stdout, self.stderr = rc, "", "boom"
 
+    monkeypatch.setattr(aoti_check, "quick_linkage", lambda cxx, tmp: None)
     codes = iter([-11])
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: Done(next(codes)))
     got = aoti_check.probe_compiler("cpu", "/usr/bin/g++")
@@ -182,3 +183,20 @@ def test_a_crashing_child_is_named_by_its_signal(monkeypatch: pytest.MonkeyPatch
     codes = iter([1])
     got = aoti_check.probe_compiler("cpu", "/usr/bin/g++")
     assert (got.reason, got.definitive) == ("build failed: boom", False)
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="needs g++")
+def test_the_quick_linkage_check_rejects_a_static_libstdcxx(tmp_path: Path) -> None:
+    import shutil
+
+    gxx = shutil.which("g++")
+    assert gxx is not None
+    assert aoti_check.quick_linkage(gxx, tmp_path) is None  # links libstdc++.so.6
+    # A compiler like the H200 image's wrapper: its libstdc++.so link dangles,
+    # so the linker takes libstdc++.a.
+    wrapper = tmp_path / "static-g++"
+    wrapper.write_text(f'#!/bin/sh\nexec {gxx} -static-libstdc++ "$@"\n')
+    wrapper.chmod(0o755)
+    got = aoti_check.quick_linkage(str(wrapper), tmp_path)
+    assert got is not None and got.definitive
+    assert got.reason.startswith("links no shared libstdc++.so.6")
