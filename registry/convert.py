@@ -64,6 +64,7 @@ def artifact_to_record(row: models.Artifact) -> ArtifactRecord:
             first_call_s=row.first_call_s,
             load_s=row.load_s,
             signature=row.signature,
+            attestation=row.attestation,
             created_at=row.created_at,
             meta=dict(row.meta or {}),
         )

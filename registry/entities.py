@@ -39,7 +39,9 @@ class ArtifactRecord:
     max_abs_err: float | None = None
     first_call_s: float | None = None
     load_s: float | None = None
-    signature: str | None = None  # base64 Ed25519 over digest + metadata
+    signature: str | None = None  # legacy: base64 Ed25519 over digest + metadata
+    # The build statement (DSSE envelope JSON) the compile worker signed.
+    attestation: str | None = None
     created_at: datetime | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 

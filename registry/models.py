@@ -229,6 +229,9 @@ class Artifact(Base):
     first_call_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     load_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     signature: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The build statement (DSSE envelope, JSON) the compile worker signed when
+    # the artifact passed verification; None for rows no builder attested.
+    attestation: Mapped[str | None] = mapped_column(Text, nullable=True)
     meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
@@ -305,3 +308,49 @@ class ResolveMiss(Base):
     target: Mapped[str] = mapped_column(String(512))
     reasons: Mapped[list[Any]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class SigningKey(Base):
+    """A public key an admin enrolled: a builder's (signs builds) or the API's
+    name key (signs names). What nodes trust is the root-signed trust list,
+    not this table: a row here only says what the next list should contain."""
+
+    __tablename__ = "signing_keys"
+
+    keyid: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the raw key
+    name: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))  # builder | names
+    public_key: Mapped[str] = mapped_column(Text)  # PEM
+    enrolled_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    enrolled_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revoked_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class TrustListRow(Base):
+    """A trust list as the admin signed it offline (DSSE envelope, JSON)."""
+
+    __tablename__ = "trust_lists"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    envelope: Mapped[str] = mapped_column(Text)
+    root_keyid: Mapped[str] = mapped_column(String(64))
+    uploaded_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class NameBinding(Base):
+    """A name statement the API signed when it accepted the request that made
+    it: ``kind`` "version" (model@version is this program) or "alias"
+    (model@alias points at ``version``). Served as stored, never re-signed."""
+
+    __tablename__ = "name_bindings"
+    __table_args__ = (UniqueConstraint("model", "kind", "ref"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16))
+    ref: Mapped[str] = mapped_column(String(64))
+    version: Mapped[str] = mapped_column(String(64))
+    envelope: Mapped[str] = mapped_column(Text)
+    issued_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -189,6 +189,7 @@ def compile_task(self: Task, build_key: str, target_text: str) -> None:
 
 
 def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint: str) -> None:
+    from farm.build import provenance
     from farm.build.compile import aoti_unavailable_reason
     from farm.build.verify import verify_artifact
 
@@ -263,6 +264,11 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                     first_call_s=report.first_call_s,
                     load_s=report.load_s,
                     meta={**art.get("meta", {}), "verify": report.to_json()},
+                    # Signed here, where it was built and verified (docs/security.md).
+                    attestation=provenance.attest_artifact(
+                        digest=info.digest, size=info.size, fmt=art["format"],
+                        build_key=build_key, fingerprint=fingerprint, spec=spec, target=target,
+                        meta=art.get("meta"), verification=report.to_json()),
                 )
             )
         if not new:

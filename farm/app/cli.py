@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="API processes (uvicorn workers)")
     p.add_argument("--embedded", action="store_true",
                    help="a whole farm on this machine: SQLite, local blobs, workers beside the API")
+    p.add_argument("--ssl-certfile", metavar="PEM", default=None,
+                   help="serve HTTPS with this certificate (default: $FARM_TLS_CERT)")
+    p.add_argument("--ssl-keyfile", metavar="PEM", default=None,
+                   help="the certificate's private key (default: $FARM_TLS_KEY)")
     p.set_defaults(func=cmd.cmd_serve)
 
     p = sub.add_parser("submit", help="submit a build job (the model's code goes with it)")
@@ -275,6 +279,51 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("name", metavar="NAME")
     _add_json(t)
     t.set_defaults(func=cmd.cmd_token_revoke)
+
+    p = sub.add_parser("keys", help="signing keys and the trust list (docs/security.md)")
+    keys_sub = p.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    k = keys_sub.add_parser("generate", help="a new Ed25519 key pair: FILE (0600) and FILE.pub")
+    k.add_argument("--out", required=True, type=Path, metavar="FILE")
+    k.set_defaults(func=cmd.cmd_keys_generate, keep_note="on the host that signs with it")
+    _add_json(k)
+    k = keys_sub.add_parser("generate-root", help="the farm's root key pair; keep FILE offline")
+    k.add_argument("--out", required=True, type=Path, metavar="FILE")
+    k.set_defaults(func=cmd.cmd_keys_generate, keep_note="offline; nodes pin FILE.pub")
+    _add_json(k)
+    k = keys_sub.add_parser("enroll", help="enrol a builder key, or the API's name key")
+    k.add_argument("--name", required=True, help="e.g. the worker pool")
+    k.add_argument("--role", choices=("builder", "names"), required=True)
+    k.add_argument("--public-key", metavar="FILE", default=None,
+                   help="the public key (PEM); for --role names, default: the API's own")
+    _add_json(k)
+    k.set_defaults(func=cmd.cmd_keys_enroll)
+    k = keys_sub.add_parser("list", help="enrolled keys")
+    _add_json(k)
+    k.set_defaults(func=cmd.cmd_keys_list)
+    k = keys_sub.add_parser("revoke", help="revoke a key (then sign a new trust list)")
+    k.add_argument("keyid", metavar="KEYID", help="the key id, or a unique prefix of it")
+    k.add_argument("--reason", default="")
+    _add_json(k)
+    k.set_defaults(func=cmd.cmd_keys_revoke)
+    k = keys_sub.add_parser("sign-trust-list",
+                            help="sign the enrolled keys into a new trust list with the root key")
+    k.add_argument("--root-key", required=True, metavar="FILE", help="the root private key")
+    k.add_argument("--expires-days", type=float, default=90.0,
+                   help="nodes refuse the list after this long (default 90)")
+    k.add_argument("--output", "-o", type=Path, default=None, metavar="FILE",
+                   help="also write the signed envelope here")
+    k.add_argument("--no-upload", action="store_true", help="only sign (with --output)")
+    _add_json(k)
+    k.set_defaults(func=cmd.cmd_keys_sign_trust_list)
+
+    p = sub.add_parser("verify", help="check a fetched file and its attestation, loading nothing")
+    p.add_argument("file", metavar="FILE", type=Path)
+    p.add_argument("--root-key", default=None, metavar="PEM",
+                   help="the farm's root public key (default: $FARM_ROOT_KEY)")
+    p.add_argument("--target", default=None,
+                   help="the target to check against (default: this machine's)")
+    _add_json(p)
+    p.set_defaults(func=cmd.cmd_verify)
 
     p = sub.add_parser("worker", help="run a Celery worker")
     p.add_argument("kind", choices=("trace", "compile"))

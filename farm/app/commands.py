@@ -69,13 +69,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown}:{args.port}"
     print(f"torch-farm API on {url}\n  export FARM_URL={url}", flush=True)
+    settings = get_settings()
+    cert = args.ssl_certfile or settings.farm_tls_cert or None
+    key = args.ssl_keyfile or settings.farm_tls_key or None
+    if bool(cert) != bool(key):
+        raise UsageError("TLS needs both a certificate and its key (--ssl-certfile and "
+                         "--ssl-keyfile, or FARM_TLS_CERT and FARM_TLS_KEY)")
+    tls: dict[str, Any] = {"ssl_certfile": cert, "ssl_keyfile": key} if cert else {}
     if args.workers > 1:
         uvicorn.run("registry.api.app:create_app", factory=True, host=args.host,
-                    port=args.port, workers=args.workers)
+                    port=args.port, workers=args.workers, **tls)
     else:
         from registry.api.app import create_app
 
-        uvicorn.run(create_app(), host=args.host, port=args.port)
+        uvicorn.run(create_app(), host=args.host, port=args.port, **tls)
     return EXIT_OK
 
 
@@ -258,10 +265,19 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {out}: the file exists; pass --force to overwrite it")
     client = _client(args)
     resolved = _resolve(args, client)
-    cached = client.fetch(resolved)  # verified: digest and signature
+    # Verified: the attestations against this request, then the digest.
+    cached, verified = client.fetch_verified(resolved)
+    from farm.node.verify import bundle_path
+
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         shutil.copyfile(cached, tmp)
+        if verified is not None:
+            # Beside the file: what another node checks it with (farm verify FILE).
+            bundle = bundle_path(out)
+            btmp = bundle.with_name(f".{bundle.name}.{os.getpid()}.tmp")
+            btmp.write_text(_json_text(client.bundle(resolved, verified)))
+            os.replace(btmp, bundle)
         os.replace(tmp, out)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -498,3 +514,156 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CommandFailed(f"the demo is not available: {exc}") from None
     result = demo.main(list(args.demo_args))
     return int(result or 0)
+
+
+# --- keys, trust list, verify (docs/security.md) -------------------------------------
+
+
+def _json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value, indent=1, sort_keys=True)
+
+
+def _write_private(path: Path, pem: str) -> None:
+    """A private key file, 0600 from its first byte, never over an existing one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise UsageError(f"{path} exists; keys are never overwritten: pick another name") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(pem)
+
+
+def cmd_keys_generate(args: argparse.Namespace) -> int:
+    from farm.core import attest
+    from farm.core.signing import generate_keypair
+
+    private, public = generate_keypair()
+    out: Path = args.out
+    _write_private(out, private)
+    pub = out.with_name(out.name + ".pub")
+    pub.write_text(public)
+    kid = attest.keyid(public)
+    if args.json:
+        _print_json({"private_key": str(out), "public_key": str(pub), "keyid": kid})
+    else:
+        print(f"{out}  (private, 0600; keep it {args.keep_note})")
+        print(f"{pub}  (public)")
+        print(f"keyid {kid}")
+    return EXIT_OK
+
+
+def cmd_keys_enroll(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.public_key is not None:
+        try:
+            pem = Path(args.public_key).read_text()
+        except OSError as exc:
+            raise UsageError(f"--public-key {args.public_key}: {exc}") from None
+    elif args.role == "names":
+        # The API's own name key, as it reports it: check the keyid against
+        # the API host's key file before signing a trust list with it.
+        pem = client.keys()["name_key"]["public_key"]
+    else:
+        raise UsageError("--public-key FILE is needed for a builder key")
+    rec = client.enroll_key(args.name, args.role, pem)
+    if args.json:
+        _print_json(rec)
+    else:
+        print(f"enrolled {rec['role']} key {rec['keyid']} ({rec['name']}); nodes trust it once "
+              "`farm keys sign-trust-list --root-key ROOT.pem` has signed a list with it")
+    return EXIT_OK
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    body = _client(args).keys()
+    if args.json:
+        _print_json(body)
+        return EXIT_OK
+    for k in body.get("keys", []):
+        state = f"revoked {k['revoked_at']}: {k.get('revoked_reason') or ''}" \
+            if k.get("revoked_at") else "enrolled"
+        print(f"{k['keyid'][:16]}  {k['role']:<8} {k['name']}  ({state})")
+    nk = body.get("name_key") or {}
+    print(f"API name key: {str(nk.get('keyid'))[:16]}")
+    return EXIT_OK
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    rec = _client(args).revoke_key(args.keyid, reason=args.reason or "")
+    if args.json:
+        _print_json(rec)
+    else:
+        print(f"revoked {rec['keyid']} ({rec['name']}); nodes refuse it once the next trust "
+              "list is signed: `farm keys sign-trust-list --root-key ROOT.pem`")
+    return EXIT_OK
+
+
+def cmd_keys_sign_trust_list(args: argparse.Namespace) -> int:
+    """Read the enrolled keys from the API, sign the list here with the root
+    key (which never leaves this machine) and upload the envelope."""
+    from farm.core import attest
+    from farm.core.signing import SigningKeyError, load_private_key
+
+    try:
+        root = load_private_key(args.root_key)
+    except SigningKeyError as exc:
+        raise UsageError(f"--root-key: {exc}") from None
+    client = _client(args)
+    body = client.keys()
+    keys = [k for k in body.get("keys", []) if not k.get("revoked_at")]
+    revoked = [{"keyid": k["keyid"], "reason": k.get("revoked_reason") or ""}
+               for k in body.get("keys", []) if k.get("revoked_at")]
+    current = client.trust_list_version()
+    payload = attest.trust_list_payload(version=(current or 0) + 1, keys=keys, revoked=revoked,
+                                        expires_days=args.expires_days)
+    envelope = attest.sign_trust_list(root, payload)
+    # What the admin signs is printed first: review before it is trusted.
+    for k in payload["keys"]:
+        print(f"  trust {k['role']:<8} {k['keyid'][:16]}  {k['name']}", file=sys.stderr)
+    for r in payload["revoked"]:
+        print(f"  revoke          {r['keyid'][:16]}  {r['reason']}", file=sys.stderr)
+    if not any(k["role"] == "names" for k in payload["keys"]):
+        print("  warning: no name key in the list: nodes will refuse every model name "
+              "(farm keys enroll --role names)", file=sys.stderr)
+    if args.output is not None:
+        args.output.write_text(_json_text(envelope))
+    if not args.no_upload:
+        client.put_trust_list(envelope)
+    if args.json:
+        _print_json({"version": payload["version"], "expires": payload["expires"],
+                     "root_keyid": attest.keyid(root)})
+    else:
+        print(f"trust list version {payload['version']} signed by root {attest.keyid(root)[:16]}"
+              f", expires {payload['expires']}" + ("" if args.no_upload else "; uploaded"))
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check a file and the attestation beside it on this node, loading nothing."""
+    from farm.node.errors import IntegrityError
+    from farm.node.loader import verify_local_file
+
+    path: Path = args.file
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    try:
+        v = verify_local_file(path, root_key=args.root_key, target=args.target)
+    except IntegrityError as exc:
+        if args.json:
+            _print_json({"ok": False, "error": str(exc),
+                         "field": getattr(exc, "field", None)})
+        raise CommandFailed(f"{path}: {exc}") from None
+    out = {"ok": True, "path": str(path), "digest": v.digest, "format": v.format,
+           "model": v.model, "version": v.version, "alias": v.alias, "build_key": v.build_key,
+           "builder_keyid": v.builder_keyid, "trust_list_version": v.trust_list_version,
+           "target": str(v.request.target)}
+    if args.json:
+        _print_json(out)
+    else:
+        print(f"{path}: ok  {v.model}@{v.version}" + (f" ({v.alias})" if v.alias else "")
+              + f"  sha256:{v.digest[:16]}  {v.format}  built by key {v.builder_keyid[:16]}, "
+              f"trust list v{v.trust_list_version}")
+    return EXIT_OK

@@ -25,18 +25,75 @@ from farm.core.settings import Settings, get_settings
 log = logging.getLogger(__name__)
 
 
+ROOT_KEY_FILE = "root-key.pem"
+# Re-signed at start when the embedded trust list expires sooner than this.
+_RESIGN_WITHIN_DAYS = 30.0
+
+
 def prepare(settings: Settings | None = None) -> Settings:
-    """Create FARM_HOME, migrate the database and make the signing key."""
-    from farm.core.signing import load_or_create_signing_key
+    """Create FARM_HOME, migrate the database and set up the embedded trust."""
     from registry.db import upgrade
 
     s = settings or get_settings()
     s.farm_home.mkdir(parents=True, exist_ok=True)
     upgrade(s.resolved_database_url())
-    if not s.farm_signing_key:
-        # Embedded: the farm makes its own key; a deployment configures one.
-        load_or_create_signing_key(s.farm_home / "signing-key.pem")
+    ensure_embedded_trust(s)
     return s
+
+
+def ensure_embedded_trust(s: Settings) -> None:
+    """The embedded farm's own keys: a root key, the API's name key and the
+    local compile worker's builder key, all under FARM_HOME, enrolled and
+    signed into a trust list. One machine holds every key here, so this is
+    for a farm on one machine only (docs/security.md); a deployment keeps its
+    root key offline and enrols each key with ``farm keys``."""
+    from datetime import datetime, timedelta, timezone
+
+    from farm.build.provenance import DEFAULT_KEY_FILE as BUILDER_KEY_FILE
+    from farm.core import attest
+    from farm.core.signing import load_or_create_signing_key, public_key_pem
+    from registry.api.signer import default_key_path
+    from registry.db import Database
+    from registry.service import trust
+
+    root = load_or_create_signing_key(s.farm_home / ROOT_KEY_FILE)
+    root_pub = s.farm_home / (ROOT_KEY_FILE + ".pub")
+    if not root_pub.exists():
+        root_pub.write_text(public_key_pem(root))
+    name_key = load_or_create_signing_key(
+        Path(s.farm_name_key) if s.farm_name_key else default_key_path(s))
+    builder = load_or_create_signing_key(
+        Path(s.farm_builder_key or s.farm_home / BUILDER_KEY_FILE))
+    db = Database(s.resolved_database_url())
+    try:
+        for name, role, key in (("embedded-api", attest.ROLE_NAMES, name_key),
+                                ("embedded-worker", attest.ROLE_BUILDER, builder)):
+            trust.enroll_key(db, name=name, role=role, public_key=public_key_pem(key),
+                             enrolled_by="embedded")
+        records = trust.list_keys(db)
+        keys = [r.to_json() for r in records if r.revoked_at is None]
+        revoked = [{"keyid": r.keyid, "reason": r.revoked_reason or ""}
+                   for r in records if r.revoked_at is not None]
+        latest = trust.latest_trust_list(db)
+        if latest is not None:
+            try:
+                current = attest.verify_trust_list(latest[1], root.public_key())
+                soon = datetime.now(timezone.utc) + timedelta(days=_RESIGN_WITHIN_DAYS)
+                if (set(current.keys) == {k["keyid"] for k in keys}
+                        and set(current.revoked) == {r["keyid"] for r in revoked}
+                        and current.expires > soon):
+                    return
+            except attest.AttestationError as exc:
+                log.warning("embedded trust list does not verify (%s); signing a new one", exc)
+        version = (latest[0] if latest else 0) + 1
+        envelope = attest.sign_trust_list(
+            root, attest.trust_list_payload(version=version, keys=keys, revoked=revoked))
+        trust.store_trust_list(db, envelope, root_keyid=attest.keyid(root), version=version,
+                               uploaded_by="embedded")
+        log.info("embedded trust list version %d signed by root key %s", version,
+                 attest.keyid(root)[:16])
+    finally:
+        db.dispose()
 
 
 def embedded_env(settings: Settings) -> dict[str, str]:
@@ -46,7 +103,9 @@ def embedded_env(settings: Settings) -> dict[str, str]:
     env.setdefault("DATABASE_URL", settings.resolved_database_url())
     env.setdefault("BROKER_URL", settings.resolved_broker_url())
     env.setdefault("BLOB_STORE_URL", settings.resolved_blob_store_url())
-    env.setdefault("FARM_SIGNING_KEY", str(settings.farm_home / "signing-key.pem"))
+    # The API serves the root's public half for a local node to trust on
+    # first use; the API and workers never need the root's private key.
+    env.setdefault("FARM_ROOT_KEY", str(settings.farm_home / (ROOT_KEY_FILE + ".pub")))
     return env
 
 

@@ -28,10 +28,24 @@ class Settings(BaseSettings):
     blob_store_url: str = ""  # default: file:// under farm_home
     # S3 endpoint for MinIO / moto; empty means AWS's own.
     s3_endpoint_url: str = ""
-    # Where the farm's Ed25519 signing key lives (PEM, private); created on first use
-    # in embedded mode. Fleet nodes configure FARM_PUBLIC_KEY (PEM or path).
-    farm_signing_key: str = ""
-    farm_public_key: str = ""
+    # Trust (docs/security.md). The API's name key (a path to a private PEM
+    # file): it signs model names, versions and aliases when the request that
+    # sets them is accepted; created under FARM_HOME only in embedded mode.
+    farm_name_key: str = ""
+    # A compile worker's builder key (a path to a private PEM file, 0600): it
+    # signs the provenance of what the worker built and verified.
+    farm_builder_key: str = ""
+    # The farm's root public key (PEM text or a path) that signs the trust list
+    # of builder and name keys: nodes pin it; the API checks uploads with it.
+    # Unset on a node: trusted on first use, for a loopback farm only.
+    farm_root_key: str = ""
+    # A node refuses plain http to a host that is not loopback unless this is set.
+    farm_allow_http: bool = False
+    # CA bundle a node verifies the API's TLS certificate with (default: certifi's).
+    farm_ca_bundle: str = ""
+    # TLS for `farm serve` (uvicorn's ssl_certfile / ssl_keyfile).
+    farm_tls_cert: str = ""
+    farm_tls_key: str = ""
     farm_url: str = "http://127.0.0.1:8000"
     farm_token: str = ""
     # Bootstrap admin token accepted by the API (hashed in memory); for first setup.

@@ -1,14 +1,18 @@
 """The farm's HTTP API as a Python object: submit and watch jobs, resolve,
-download (digest and signature checked) and load artifacts.
+download (attestations and digest checked) and load artifacts.
 
-Trust. Loading an artifact unpickles it, which runs code. Before anything is
-unpickled the client checks (1) that the bytes hash to the digest the farm
-named, and (2) the farm's Ed25519 signature over that digest and the
-artifact's metadata (format, target, inputs, grad mode, ...). The public key
-comes from, in order: the ``public_key`` argument, ``FARM_PUBLIC_KEY`` (PEM text
-or a path), or a key pinned on disk the first time this node asked the farm
-for it (``GET /v1/public-key``, trust on first use, kept per farm URL under
-the cache directory).
+Trust (docs/security.md). Loading an artifact unpickles or dlopens it, which
+runs code. Before any byte is loaded the client checks, with
+``farm.node.verify``: the trust list against the root key this node pins;
+the build statement (signed by an enrolled, unrevoked builder key) and the
+version and alias statements (signed by the farm's name key) against its
+own request, field by field; and the bytes against the attested digest.
+
+The root key comes from the ``root_key`` argument or ``FARM_ROOT_KEY`` (PEM
+text or a path). Only for a farm on a loopback address (the embedded
+default) is it fetched and trusted on first use, with a warning, and pinned
+per farm URL under the cache directory. Plain ``http://`` to any other host
+is refused unless ``FARM_ALLOW_HTTP`` (or ``allow_http=True``) says otherwise.
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ from urllib.parse import quote, urljoin, urlsplit
 import httpx
 import tenacity
 
-from farm.core.specs import GradMode, JobSpec, SpecError, TensorSpec, parse_inputs
+from farm.core.specs import (
+    CompileOptions,
+    GradMode,
+    JobSpec,
+    SpecError,
+    TensorSpec,
+    parse_inputs,
+)
 from farm.core.target import Target, TargetError
 from farm.node.cache import ArtifactCache, CacheCorrupt, CacheError, validate_digest
 from farm.node.errors import (
@@ -44,13 +55,19 @@ from farm.node.types import AliasList, Deleted, JobSummary, TokenInfo
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+    from farm.core.attest import TrustList
+    from farm.node.verify import NodeRequest, TrustStore, Verified
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
 TERMINAL_JOB_STATES = frozenset({"succeeded", "failed", "partial"})
-# The metadata a signature must cover at least; the server says which fields
-# it signed ("signed_fields") and the client insists on these among them.
-REQUIRED_SIGNED_FIELDS = frozenset({"format", "target", "inputs", "grad_mode", "size"})
+# How long a fetched trust list is used before asking again: a revocation
+# reaches every node within this (once the admin has signed the new list).
+TRUST_LIST_TTL_S = 30.0
+# The key the client keeps its own request under in a resolve answer
+# (always overwritten: the farm's answer never supplies it).
+NODE_REQUEST = "node_request"
 _CHUNK = 1 << 20
 _MAX_REDIRECTS = 5
 _RETRY_STATUSES = frozenset({502, 503, 504})
@@ -59,6 +76,18 @@ _RETRY_STATUSES = frozenset({502, 503, 504})
 def _origin(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     return parts.scheme.lower(), parts.netloc.lower()
+
+
+def is_loopback(url: str) -> bool:
+    import ipaddress
+
+    host = (urlsplit(url).hostname or "").strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def as_grad_mode(value: GradMode | str | bool | None) -> GradMode:
@@ -128,22 +157,35 @@ class FarmClient:
         url: str | None = None,
         token: str | None = None,
         *,
+        root_key: Any = None,
         public_key: Any = None,
         cache: ArtifactCache | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
         retries: int = 2,
         require_signature: bool = True,
+        allow_http: bool | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         from farm.core.settings import get_settings
 
         settings = get_settings()
         self.url = (url or settings.farm_url).rstrip("/")
+        allow = settings.farm_allow_http if allow_http is None else allow_http
+        if urlsplit(self.url).scheme.lower() == "http" and not is_loopback(self.url) and not allow:
+            # Tokens and answers in clear text, to any host on the path.
+            raise FarmError(f"refusing plain http to {urlsplit(self.url).hostname}: use https "
+                            "(docs/security.md, TLS), or set FARM_ALLOW_HTTP=1 on a network "
+                            "you trust")
         self.token = settings.farm_token if token is None else token
-        self._public_key_source = public_key if public_key is not None else (
-            settings.farm_public_key or None)
+        # ``public_key`` is the older name of the same argument: the key the
+        # farm's chain of trust starts from.
+        source = root_key if root_key is not None else public_key
+        self._public_key_source = source if source is not None else (
+            settings.farm_root_key or None)
         self._public_key: Ed25519PublicKey | None = None
         self._key_lock = threading.Lock()
+        self._trust: tuple[float, TrustList] | None = None
+        self._trust_lock = threading.Lock()
         self._cache = cache
         self._cache_lock = threading.Lock()
         self.retries = retries
@@ -152,11 +194,12 @@ class FarmClient:
         headers = {"User-Agent": "torch-farm-client"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        verify: Any = settings.farm_ca_bundle or True
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=t,
-                                  follow_redirects=False, transport=transport)
+                                  follow_redirects=False, transport=transport, verify=verify)
         # For presigned URLs on another origin: never carries the farm token.
         self._bare = httpx.Client(timeout=t, follow_redirects=False, transport=transport,
-                                  headers={"User-Agent": "torch-farm-client"})
+                                  headers={"User-Agent": "torch-farm-client"}, verify=verify)
 
     def close(self) -> None:
         self._http.close()
@@ -422,10 +465,19 @@ class FarmClient:
         puts them there)."""
         import json
 
+        from farm.node.verify import NodeRequest
+
         specs = as_input_specs(inputs)
+        node, mode = as_target(target), as_grad_mode(grad_mode)
+        # What fetch() checks the attestations against: this node's own
+        # question, never anything the answer says.
+        own = NodeRequest(model=model, ref=ref or None, inputs=specs, grad_mode=mode,
+                          target=node,
+                          options=CompileOptions.from_json(options) if options else None,
+                          formats=tuple(formats) if formats else None).to_json()
         params: list[tuple[str, str]] = [("model", model),
-                                         ("target", str(as_target(target))),
-                                         ("grad_mode", as_grad_mode(grad_mode).value)]
+                                         ("target", str(node)),
+                                         ("grad_mode", mode.value)]
         params += [("input", str(s)) for s in specs]
         if ref:
             params.append(("ref", ref))
@@ -442,7 +494,8 @@ class FarmClient:
             log.warning("torch-farm: the farm at %s cannot be reached; using the answer this "
                         "node kept at %s for %s@%s", self.url, kept.get("resolved_at"), model,
                         ref or "latest")
-            return kept
+            return {**kept, NODE_REQUEST: own}
+        answer[NODE_REQUEST] = own
         self._keep_resolution(params, answer)
         return answer
 
@@ -505,7 +558,7 @@ class FarmClient:
     # --- trust -------------------------------------------------------------------
 
     def public_key(self) -> Ed25519PublicKey:
-        """The key artifacts must be signed with (see the module docstring)."""
+        """The root key the trust list must be signed with (see the module docstring)."""
         from farm.core.signing import SigningKeyError, load_public_key
 
         with self._key_lock:
@@ -517,13 +570,13 @@ class FarmClient:
                 else:
                     key = self._pinned_key()
             except SigningKeyError as exc:
-                raise IntegrityError(f"farm public key: {exc}") from None
+                raise IntegrityError(f"farm root key: {exc}") from None
             self._public_key = key
             return key
 
     def _pin_path(self) -> Path:
         name = hashlib.sha256(self.url.encode()).hexdigest()[:16]
-        return self.cache.root / "trusted-keys" / f"{name}.pem"
+        return self.cache.root / "trusted-keys" / f"{name}.root.pem"
 
     def _pinned_key(self) -> Ed25519PublicKey:
         from farm.core.signing import key_id, load_public_key, public_key_pem
@@ -531,18 +584,19 @@ class FarmClient:
         pin = self._pin_path()
         if pin.exists():
             return load_public_key(pin)
+        if not is_loopback(self.url):
+            # Trust on first use over a network is trusting whoever answers first.
+            raise IntegrityError(
+                f"no root key configured for {self.url}: set FARM_ROOT_KEY to the farm's root "
+                "public key (`farm keys generate-root` wrote it); trust on first use is only "
+                "for a farm on this machine")
         try:
-            r = self._http.get("/v1/public-key")
+            r = self._http.get("/v1/root-key")
         except httpx.TransportError as exc:
-            raise FarmUnavailable(f"cannot reach the farm at {self.url} for its public key: "
+            raise FarmUnavailable(f"cannot reach the farm at {self.url} for its root key: "
                                   f"{exc or type(exc).__name__}") from None
-        self._raise_for(r, "GET /v1/public-key")
-        text = r.text
-        with contextlib.suppress(ValueError):
-            body = r.json()
-            if isinstance(body, dict):
-                text = str(body.get("public_key") or body.get("pem") or body.get("key") or "")
-        key = load_public_key(text)
+        self._raise_for(r, "GET /v1/root-key")
+        key = load_public_key(r.text)
         pin.parent.mkdir(parents=True, exist_ok=True)
         tmp = pin.with_name(f".{pin.name}.{os.getpid()}.tmp")
         tmp.write_text(public_key_pem(key))
@@ -550,42 +604,99 @@ class FarmClient:
             # First writer wins; everyone then trusts what is on disk.
             os.link(tmp, pin)
         tmp.unlink()
-        log.warning("trusting farm key %s from %s on first use (pinned in %s); set "
-                    "FARM_PUBLIC_KEY to configure it instead", key_id(key), self.url, pin)
+        log.warning("trusting the root key %s of the local farm %s on first use (pinned in %s); "
+                    "set FARM_ROOT_KEY to configure it instead", key_id(key), self.url, pin)
         return load_public_key(pin)
 
-    def verify_signature(self, artifact: Mapping[str, Any]) -> None:
-        """Raise ``IntegrityError`` unless the farm's key signed this artifact's
-        digest and metadata. Needs no bytes: call it before downloading."""
-        from farm.core.signing import SignatureInvalid, verify_artifact_signature
+    def trust_store(self) -> TrustStore:
+        from farm.node.verify import TrustStore
+
+        return TrustStore(self.cache.root / "trust")
+
+    def trust_list(self, *, refresh: bool = False) -> TrustList:
+        """The farm's trust list, verified by the root key; never older than
+        one this node accepted before (kept under the cache directory)."""
+        from farm.core import attest
+        from farm.node.verify import AttestationRefused
+
+        with self._trust_lock:
+            now = time.monotonic()
+            if self._trust is not None and not refresh and now - self._trust[0] < TRUST_LIST_TTL_S:
+                return self._trust[1]
+            root = self.public_key()
+            fetched = None
+            try:
+                body = self._request("GET", "/v1/trust-list")
+            except NotFoundError:
+                body = None
+            if body is not None:
+                try:
+                    fetched = attest.verify_trust_list(body, root)
+                except attest.AttestationError as exc:
+                    raise AttestationRefused(str(exc), field=exc.field) from None
+            tl = self.trust_store().accept_trust_list(fetched, root)
+            self._trust = (now, tl)
+            return tl
+
+    def keys(self) -> dict[str, Any]:
+        """Enrolled signing keys, and the API's name key."""
+        return dict(self._request("GET", "/v1/keys"))
+
+    def enroll_key(self, name: str, role: str, public_key: str) -> dict[str, Any]:
+        """Enrol a builder's (or the API's name) public key (admin)."""
+        return dict(self._request("POST", "/v1/keys", json={
+            "name": name, "role": role, "public_key": public_key}))
+
+    def revoke_key(self, keyid: str, *, reason: str = "") -> dict[str, Any]:
+        return dict(self._request("POST", f"/v1/keys/{quote(keyid, safe='')}/revoke",
+                                  json={"reason": reason}))
+
+    def trust_list_version(self) -> int | None:
+        """The version of the trust list the farm serves now (unverified: for
+        numbering the next one), or None when it has none."""
+        from farm.core import attest
 
         try:
-            digest = validate_digest(artifact.get("digest"))
-        except CacheError as exc:
-            raise IntegrityError(f"the farm named an artifact by a bad digest: {exc}") from None
-        signature = artifact.get("signature")
-        if not signature:
-            if self.require_signature:
-                raise IntegrityError(f"artifact {digest[:12]} is not signed; refusing it")
-            log.warning("artifact %s is not signed (require_signature=False)", digest[:12])
-            return
-        fields = artifact.get("signed_fields")
-        if not isinstance(fields, (list, tuple)) or not all(isinstance(f, str) for f in fields):
-            raise IntegrityError(f"artifact {digest[:12]}: the farm did not say which fields "
-                                 "it signed (signed_fields)")
-        missing = REQUIRED_SIGNED_FIELDS - set(fields)
-        if missing:
-            raise IntegrityError(f"artifact {digest[:12]}: signature does not cover "
-                                 f"{', '.join(sorted(missing))}; refusing it")
-        try:
-            metadata = {f: artifact[f] for f in fields}
-        except KeyError as exc:
-            raise IntegrityError(f"artifact {digest[:12]}: signed field {exc.args[0]!r} "
-                                 "is missing from the farm's answer") from None
-        try:
-            verify_artifact_signature(self.public_key(), digest, metadata, str(signature))
-        except SignatureInvalid as exc:
-            raise IntegrityError(str(exc)) from None
+            body = self._request("GET", "/v1/trust-list")
+        except NotFoundError:
+            return None
+        _, payload, _ = attest.parse_envelope(body)
+        version = attest.payload_json(payload).get("version")
+        return int(version) if isinstance(version, int) else None
+
+    def put_trust_list(self, envelope: Mapping[str, Any]) -> dict[str, Any]:
+        """Upload a trust list the admin signed offline (admin)."""
+        with self._trust_lock:
+            self._trust = None
+        return dict(self._request("PUT", "/v1/trust-list", json=dict(envelope)))
+
+    def verify_signature(self, resolved: Mapping[str, Any], *,
+                         request: NodeRequest | None = None) -> Verified:
+        """Check the attestations of a resolve answer against this node's
+        request; returns what verified, or raises ``AttestationRefused`` (an
+        ``IntegrityError``) naming the field. Needs no bytes: call it before
+        downloading."""
+        from farm.node.verify import AttestationRefused, NodeRequest, verify_attestation
+
+        artifact = resolved.get("artifact", resolved)
+        if not isinstance(artifact, Mapping):
+            raise FarmError("verify needs a resolve answer or its 'artifact'")
+        if request is None:
+            raw = resolved.get(NODE_REQUEST)
+            if not isinstance(raw, Mapping):
+                raise FarmError("verify needs the node's own request: pass the answer of "
+                                "FarmClient.resolve, or request=NodeRequest(...)")
+            request = NodeRequest.from_json(raw)
+        bundle = artifact.get("attestation")
+        if not isinstance(bundle, Mapping):
+            raise AttestationRefused(f"artifact {str(artifact.get('digest'))[:12]} carries no "
+                                     "attestation", field="attestation")
+        seen = None
+        if request.ref is not None:
+            seen = self.trust_store().alias_seen(self.url, request.model, request.ref)
+        claimed = {**artifact, "version": resolved.get("version", artifact.get("version"))}
+        return verify_attestation(bundle, self.trust_list(), request, claimed=claimed,
+                                  alias_seen=seen)
 
     # --- download ---------------------------------------------------------------
 
@@ -615,34 +726,68 @@ class FarmClient:
                                       f"{urlsplit(url).netloc} failed: {exc}") from None
         raise FarmError(f"download of {digest[:12]}: more than {_MAX_REDIRECTS} redirects")
 
-    def fetch(self, resolved: Mapping[str, Any]) -> Path:
-        """Verify the signature, then download into the cache (or find it there),
-        checking the sha256. Returns the cached path; nothing is unpickled."""
+    def fetch_verified(self, resolved: Mapping[str, Any], *,
+                       request: NodeRequest | None = None) -> tuple[Path, Verified | None]:
+        """Verify the attestations, then download into the cache (or find it
+        there) checking the attested sha256 and size. Nothing is unpickled.
+        ``Verified`` is None only with ``require_signature=False`` and an
+        artifact that carries no attestation at all."""
+        from farm.node.verify import AttestationRefused
+
         artifact = resolved.get("artifact", resolved)
         if not isinstance(artifact, Mapping):
             raise FarmError("fetch needs a resolve answer or its 'artifact'")
-        self.verify_signature(artifact)
-        digest = str(artifact["digest"])  # validated by verify_signature
-        size = artifact.get("size")
-        size = int(size) if isinstance(size, int) else None
-        path = self.cache.get(digest, size=size)
-        if path is not None:
-            return path
+        verified: Verified | None
         try:
-            return self.cache.put_stream(digest, self._blob_chunks(digest), size=size)
-        except CacheCorrupt as exc:
-            raise IntegrityError(str(exc)) from None
-        except CacheError as exc:
-            raise FarmError(f"cache: {exc}") from None
+            verified = self.verify_signature(resolved, request=request)
+        except AttestationRefused as exc:
+            if self.require_signature or exc.field != "attestation":
+                raise
+            log.warning("%s (require_signature=False: fetching it anyway)", exc)
+            verified = None
+        size: int | None
+        if verified is not None:
+            digest, size = verified.digest, verified.size
+        else:
+            try:
+                digest = validate_digest(artifact.get("digest"))
+            except CacheError as exc:
+                raise IntegrityError(f"the farm named an artifact by a bad digest: {exc}") from None
+            raw_size = artifact.get("size")
+            size = raw_size if isinstance(raw_size, int) else None
+        path = self.cache.get(digest, size=size)
+        if path is None:
+            try:
+                path = self.cache.put_stream(digest, self._blob_chunks(digest), size=size)
+            except CacheCorrupt as exc:
+                raise IntegrityError(str(exc)) from None
+            except CacheError as exc:
+                raise FarmError(f"cache: {exc}") from None
+        if verified is not None:
+            # An alias statement counts as seen once its bytes are here.
+            self.trust_store().remember_alias(self.url, verified)
+        return path, verified
+
+    def fetch(self, resolved: Mapping[str, Any], *, request: NodeRequest | None = None) -> Path:
+        """``fetch_verified``'s path."""
+        return self.fetch_verified(resolved, request=request)[0]
+
+    def bundle(self, resolved: Mapping[str, Any], verified: Verified) -> dict[str, Any]:
+        """The attestation bundle to keep beside a copy of the file (``farm fetch -o``)."""
+        from farm.node.verify import make_bundle
+
+        artifact = resolved.get("artifact", resolved)
+        return make_bundle(attestation=artifact["attestation"], trust_list=self.trust_list(),
+                           request=verified.request, farm_url=self.url)
 
     def load(self, resolved: Mapping[str, Any], *, module: Any = None) -> Callable[..., Any]:
-        """Fetch and verify (see ``fetch``), then load the artifact."""
+        """Fetch and verify (see ``fetch_verified``), then load the artifact."""
         from farm.node.loader import load_artifact
 
         artifact = resolved.get("artifact", resolved)
-        path = self.fetch(resolved)
-        return load_artifact(path, artifact["format"], module=module)
-
+        path, verified = self.fetch_verified(resolved)
+        return load_artifact(path, artifact["format"], module=module, attestation=verified,
+                             trust_unverified=verified is None)
 
 
 def _retry_after(r: httpx.Response, default: float) -> float:

@@ -25,8 +25,10 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +99,8 @@ class Prefetched:
     timings: dict[str, float]
     # The farm could not be reached: the resolve answer came from this node's cache.
     offline: bool = False
+    # What verified (farm.node.verify.Verified); None only without require_signature.
+    verified: Any = None
 
     @property
     def format(self) -> str:
@@ -175,13 +179,13 @@ class CompiledHandle:
             self._import_thread = threading.Thread(target=self._warm, name="farm-warm-imports",
                                                    daemon=True)
             self._import_thread.start()
-        path = self.client.fetch(resolved)
+        path, verified = self.client.fetch_verified(resolved)
         t3 = time.perf_counter()
         self.timings.update(target_s=t1 - t0, resolve_s=t2 - t1, fetch_verify_s=t3 - t2)
         return Prefetched(model=self.model, ref=self.ref, version=resolved.get("version"),
                           inputs=self.inputs, grad_mode=self.grad_mode, target=target,
                           artifact=dict(resolved["artifact"]), path=path, timings=self.timings,
-                          offline=bool(resolved.get("offline")))
+                          verified=verified)
 
     def done(self) -> bool:
         return self._future.done()
@@ -244,7 +248,8 @@ class CompiledHandle:
         try:
             from farm.node.loader import load_artifact
 
-            fn = load_artifact(pre.path, pre.format, module=module_or_fn)
+            fn = load_artifact(pre.path, pre.format, module=module_or_fn,
+                               attestation=pre.verified, trust_unverified=pre.verified is None)
         except Exception as exc:
             if not fallback:
                 raise
@@ -498,3 +503,16 @@ class _OnFirstCall:
                     self._impl = compiled(self._original, example_inputs=list(args),
                                           overlap=False, **kw)
         return self._impl(*args, **kwargs)
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as ``compiled``: a program that imported
+    ``farm.node.compiled`` before ``from farm.node import compiled`` gets this
+    module there (the import system names the package attribute after the
+    submodule), and the README's snippet must work all the same."""
+
+    def __call__(self, module_or_fn: Any, **kw: Any) -> Callable[..., Any]:
+        return compiled(module_or_fn, **kw)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -70,18 +70,86 @@ def call_module(module: Any, *inputs: Any) -> Any:
 
 
 def load_artifact(
-    path: str | Path, format: str, *, module: Any = None, device_index: int = -1
+    path: str | Path,
+    format: str,
+    *,
+    module: Any = None,
+    device_index: int = -1,
+    attestation: Any = None,
+    trust_unverified: bool = False,
+    root_key: Any = None,
 ) -> Callable[..., Any]:
-    """Load ``path`` and return a callable that takes only the model inputs.
+    """Check ``path`` is attested, then load it and return a callable that
+    takes only the model inputs.
 
     ``module`` is the node's model (an ``nn.Module`` with its real weights) or,
     for an artifact of a free function, that function (or None).
+
+    Loading unpickles or dlopens the file, which runs its code, so before any
+    of that: with ``attestation`` (a ``farm.node.verify.Verified`` the caller
+    got from ``FarmClient.fetch_verified``) the file must hold exactly the
+    attested bytes; otherwise the attestation bundle beside the file
+    (``FILE.attestation.json``, written by ``farm fetch -o FILE``) is verified
+    against the root key (``root_key``, else ``FARM_ROOT_KEY``) and this
+    node's own target. A file with neither loads only with
+    ``trust_unverified=True``: for bytes you built yourself.
     """
+    from farm.node import verify
+
+    if attestation is not None:
+        if not isinstance(attestation, verify.Verified):
+            raise ArtifactLoadError("attestation must be the Verified that fetch_verified returned")
+        verify.check_file(path, attestation)
+        if attestation.format != format:
+            raise verify.AttestationRefused(
+                f"asked to load it as {format}, it was attested as {attestation.format}",
+                field="format")
+    elif trust_unverified:
+        log.warning("loading %s without checking an attestation (trust_unverified=True)", path)
+    else:
+        verified = verify_local_file(path, root_key=root_key, formats=(format,))
+        log.info("%s: attested build %s of %s@%s (builder key %s)", path,
+                 verified.build_key[:12], verified.model, verified.version,
+                 verified.builder_keyid[:16])
     if format == FORMAT_AOT_COMPILE:
         return _load_aot_compile(Path(path), module)
     if format == FORMAT_AOTI:
         return _load_aoti(Path(path), module, device_index=device_index)
     raise ArtifactLoadError(f"unknown artifact format {format!r}; known: {', '.join(FORMATS)}")
+
+
+def verify_local_file(path: str | Path, *, root_key: Any = None,
+                      formats: Sequence[str] | None = None, target: Any = None) -> Any:
+    """``farm.node.verify.verify_file`` with this node's settings: the root key
+    (argument, ``FARM_ROOT_KEY``, or the key pinned for the bundle's farm URL),
+    its trust store and its own target."""
+    from farm.core.settings import get_settings
+    from farm.core.target import Target, detect_local_target
+    from farm.node import verify
+
+    settings = get_settings()
+    store = verify.TrustStore(settings.resolved_cache_dir() / "trust")
+    source = root_key if root_key is not None else (settings.farm_root_key or None)
+    if source is None:
+        import hashlib
+
+        farm_url = str(verify.read_bundle(path).get("farm_url") or "").rstrip("/")
+        pin = (settings.resolved_cache_dir() / "trusted-keys" /
+               f"{hashlib.sha256(farm_url.encode()).hexdigest()[:16]}.root.pem")
+        if not pin.exists():
+            raise verify.AttestationRefused(
+                "no root key to check it with: set FARM_ROOT_KEY to the farm's root public "
+                "key", field="root_key")
+        source = pin
+    if target is None:
+        bundle_req = verify.read_bundle(path).get("request") or {}
+        device = Target.parse(str(bundle_req.get("target"))).device \
+            if bundle_req.get("target") else None
+        target = detect_local_target(device, check_compiler=False)
+    elif isinstance(target, str):
+        target = Target.parse(target)
+    return verify.verify_file(path, root_key=source, node_target=target, store=store,
+                              formats=formats)
 
 
 # --- aot_compile ---------------------------------------------------------------------

@@ -111,7 +111,7 @@ def create_app(
         db=db,
         store=store,
         enqueue=enqueue or default_enqueue,
-        signer=Signer(settings),
+        signer=NameSigner(settings),
         auth=Authenticator(db, enabled=settings.farm_auth, admin_token=settings.farm_admin_token,
                            stale_s=STALE_S),
         candidates=TTLCache(resolve_cache_s, stale_s=STALE_S, stale_on=DB_DOWN),

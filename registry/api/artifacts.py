@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, Header, Path, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
@@ -33,9 +33,8 @@ from registry.blobstore import (
 )
 
 from .deps import Reader, State
-from .resolve import signature_of
+from .resolve import attestation_of
 from .schemas import PROTECTED, err
-from .signer import SIGNED_FIELDS
 from .state import AppState
 
 log = logging.getLogger(__name__)
@@ -366,7 +365,7 @@ async def download(
     responses={**PROTECTED, 404: err("no such artifact"), 422: err("not a sha256 digest")},
 )
 async def artifact(digest: Digest, request: Request, state: State, _: Reader) -> Response:
-    """An artifact's metadata, signature and download URL."""
+    """An artifact's metadata, build attestation and download URL."""
     try:
         check_digest(digest)
     except InvalidDigest as exc:
@@ -374,8 +373,8 @@ async def artifact(digest: Digest, request: Request, state: State, _: Reader) ->
     record = await run_in_threadpool(service.get_artifact, state.db, digest)
     out: dict[str, Any] = {
         **record.to_json(),
-        "signature": await signature_of(state, record),
-        "signed_fields": SIGNED_FIELDS,
+        # The build statement only: which names it serves is the resolve's answer.
+        "attestation": attestation_of(record, None),
         "download_url": f"{request.base_url}v1/artifacts/{digest}/blob",
     }
     return JSONResponse(out)
@@ -389,22 +388,3 @@ async def bad_artifact_path(rest: str) -> Response:
     except InvalidDigest as exc:
         return _invalid(exc)
     raise AssertionError("a valid digest cannot contain a path separator")
-
-
-@router.get(
-    "/v1/public-key",
-    response_class=PlainTextResponse,
-    tags=["artifacts"],
-    responses={200: {"content": {"application/x-pem-file": {}}}},
-)
-def public_key(state: State) -> Response:
-    """The farm's Ed25519 public key (PEM): what nodes verify signatures with.
-
-    Configure it on nodes (FARM_PUBLIC_KEY) rather than trusting this answer
-    blindly: whoever can forge this response can forge signatures too.
-    """
-    return PlainTextResponse(
-        state.signer.public_pem,
-        media_type="application/x-pem-file",
-        headers={"X-Key-Id": state.signer.key_id},
-    )

@@ -15,6 +15,7 @@ from farm.core.specs import JobSpec, SpecError
 from registry import service
 from registry.db import Conflict
 
+from . import names
 from .deps import Reader, State, Submitter
 from .schemas import (
     INPUT_PATTERN,
@@ -135,6 +136,7 @@ def submit_job(body: JobSpecIn, state: State, who: Submitter, response: Response
     live = service.live_targets(state.db, max_age_s=state.heartbeat_max_age_s)
     targets = service.choose_targets(spec.targets, live)
     try:
+        names.check_version(state, spec)
         try:
             job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=who.name)
         except Conflict:
@@ -144,6 +146,9 @@ def submit_job(body: JobSpecIn, state: State, who: Submitter, response: Response
     except service.InvalidRequest as exc:
         # The version exists with another program: a conflict, not a bad request.
         raise HTTPException(409, str(exc)) from None
+    # Signed now, from the request this token made: what nodes will accept as
+    # this version (docs/security.md).
+    names.bind_version(state, spec, submitted_by=who.name)
     # Only after the commit: a worker must never get an id the database lacks.
     enqueued, warning = True, None
     try:

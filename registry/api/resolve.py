@@ -2,10 +2,15 @@
 
 This is the hot path of a rollout (thousands of nodes asking at once), so it
 is an ``async`` endpoint that normally never leaves the event loop: the token
-and the version's candidates come from short-lived caches, the resolver is a
-pure function, and each artifact is signed once (then kept). Only a cache
-miss, a first signature or a miss record goes to the database, in the
-thread pool.
+and the version's candidates (with their stored attestations) come from
+short-lived caches and the resolver is a pure function. Only a cache miss or
+a miss record goes to the database, in the thread pool.
+
+Nothing is signed here. Each artifact carries the build statement its
+compile worker signed, the version carries the name statement the API
+signed when the submission was accepted, an alias the one signed when it
+was set; the node verifies all of them against its pinned root key and
+compares them with its own request (``farm.node.verify``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from farm.core.specs import (
@@ -30,8 +34,8 @@ from farm.core.specs import (
 )
 from farm.core.target import Target
 from registry import resolver, service
-from registry.db import DatabaseUnavailable
 from registry.entities import FORMATS, ArtifactRecord
+from registry.service import trust
 
 from .deps import Reader, State
 from .schemas import (
@@ -42,7 +46,6 @@ from .schemas import (
     ResolveMissOut,
     err,
 )
-from .signer import SIGNED_FIELDS
 from .state import AppState
 
 log = logging.getLogger(__name__)
@@ -51,14 +54,17 @@ router = APIRouter(tags=["resolve"], responses=PROTECTED)
 
 
 class Candidates:
-    """One version's artifacts as the resolve path needs them (cached)."""
+    """One version's artifacts as the resolve path needs them (cached), with
+    the name statements a resolve of this ref serves."""
 
-    __slots__ = ("json_by_id", "records", "version")
+    __slots__ = ("bindings", "json_by_id", "records", "version")
 
-    def __init__(self, version: str, records: list[ArtifactRecord]) -> None:
+    def __init__(self, version: str, records: list[ArtifactRecord],
+                 bindings: dict[str, Any] | None = None) -> None:
         self.version = version
         self.records = records
         self.json_by_id = {r.id: r.to_json() for r in records}
+        self.bindings = bindings or {"version": None, "alias": None}
 
 
 def _load_candidates(state: AppState, model: str, ref: str | None) -> Candidates | str:
@@ -68,7 +74,7 @@ def _load_candidates(state: AppState, model: str, ref: str | None) -> Candidates
         version, records = service.version_candidates(state.db, model, ref)
     except service.NotFound as exc:
         return str(exc)
-    return Candidates(version, records)
+    return Candidates(version, records, trust.bindings_for(state.db, model, version, ref))
 
 
 def parse_grad_mode(text: str) -> GradMode:
@@ -101,31 +107,23 @@ def parse_formats(formats: list[str] | None) -> list[str] | None:
     return formats
 
 
-def _sign_and_store(state: AppState, record: ArtifactRecord) -> str:
-    signature = state.signer.sign(record)
-    try:
-        service.set_signature(state.db, record.id, signature)
-    except (DatabaseUnavailable, OperationalError) as exc:
-        # Ed25519 is deterministic: the same signature is stored next time.
-        log.warning("could not store the signature of artifact %s: %s", record.id, exc)
-    return signature
-
-
-async def signature_of(state: AppState, record: ArtifactRecord) -> str:
-    sig = record.signature or state.signatures.get(record.id)
-    if sig is None:
-        sig = await run_in_threadpool(_sign_and_store, state, record)
-    # Remembered by id: the cached candidate still holds the unsigned record.
-    state.signatures[record.id] = sig
-    return sig
+def attestation_of(record: ArtifactRecord, bindings: dict[str, Any] | None) -> dict[str, Any]:
+    """The envelopes a node checks before loading, as they were stored."""
+    build = None
+    if record.attestation:
+        try:
+            build = json.loads(record.attestation)
+        except ValueError:
+            log.warning("artifact %s: stored attestation is not JSON", record.id)
+    b = bindings or {}
+    return {"build": build, "version": b.get("version"), "alias": b.get("alias")}
 
 
 async def artifact_out(state: AppState, request: Request, cands: Candidates,
                        record: ArtifactRecord) -> dict[str, Any]:
     return {
         **cands.json_by_id[record.id],
-        "signature": await signature_of(state, record),
-        "signed_fields": SIGNED_FIELDS,
+        "attestation": attestation_of(record, cands.bindings),
         "download_url": f"{request.base_url}v1/artifacts/{record.digest}/blob",
         "version": cands.version,
     }
@@ -207,7 +205,6 @@ async def resolve(
         "model": model, "version": cached.version, "ref": ref,
         "artifact": outs[0], "alternatives": outs[1:],
         "why": resolver.why_chosen(result, target=node, inputs=specs),
-        "key_id": state.signer.key_id,
     })
 
 

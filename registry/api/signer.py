@@ -1,64 +1,88 @@
-"""The farm's signing key as the API holds it: loaded once, used on the resolve path.
+"""The API's name key: it binds model names, versions and aliases, and nothing else.
 
-What is signed for an artifact is its digest and ``signed_metadata``: the
-fields that decide what the bytes are for. A node verifies the signature over
-the same fields of the artifact JSON the resolve call returned (the field list
-travels with it as ``signed_fields``) before it unpickles anything.
+A version statement ("model@version is this program") is signed when the
+authenticated submission that creates the version is accepted; an alias
+statement ("model@alias points at this version") when the alias change is.
+Both are stored as signed and served as stored: the API never signs
+anything later from what the database holds, so a row written straight into
+PostgreSQL carries no valid binding.
+
+The key is a file the API process reads (``FARM_NAME_KEY``, a path): not in
+the database, not given to workers. It cannot sign builds: nodes accept
+build statements only from keys the root-signed trust list gives the
+``builder`` role, and name statements only from the key it gives ``names``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
+from farm.core import attest
 from farm.core.settings import Settings
-from farm.core.signing import (
-    key_id,
-    load_or_create_signing_key,
-    load_private_key,
-    public_key_pem,
-    sign_artifact,
-)
-from registry.entities import ArtifactRecord
+from farm.core.signing import load_or_create_signing_key, load_private_key, public_key_pem
 
 log = logging.getLogger(__name__)
 
-# Keys of ArtifactRecord.to_json() that the signature covers, besides the digest.
-SIGNED_FIELDS: tuple[str, ...] = (
-    "format", "build_key", "fingerprint", "inputs", "grad_mode", "options", "target", "size",
-)
-DEFAULT_KEY_FILE = "signing-key.pem"
-
-
-def signed_metadata(artifact_json: dict[str, Any]) -> dict[str, Any]:
-    """The metadata signed for an artifact, from its JSON form (``ArtifactRecord.to_json``)."""
-    return {k: artifact_json[k] for k in SIGNED_FIELDS}
+DEFAULT_KEY_FILE = "name-key.pem"
 
 
 def default_key_path(settings: Settings) -> Path:
     return settings.farm_home / DEFAULT_KEY_FILE
 
 
-class Signer:
+class NameKeyError(ValueError):
+    pass
+
+
+class NameSigner:
     def __init__(self, settings: Settings) -> None:
-        source = settings.farm_signing_key.strip()
-        if source and ("-----BEGIN" in source or Path(source).exists()):
+        source = settings.farm_name_key.strip()
+        if "-----BEGIN" in source:
+            raise NameKeyError("FARM_NAME_KEY holds PEM text; give a path to a 0600 file "
+                               "(an environment is readable by other processes of the user)")
+        if source and Path(source).exists():
             self._key = load_private_key(source)
-            where = "FARM_SIGNING_KEY"
+            where = source
         else:
             # Embedded mode, or a configured path that does not exist yet:
-            # create the key there (0600). Several API replicas must share one
-            # key, so outside SQLite say loudly that it was made up here.
+            # create the key there (0600). Nodes refuse its statements until
+            # an admin enrols it (farm keys enroll --role names) and signs a
+            # trust list; say so outside the embedded default.
             path = Path(source) if source else default_key_path(settings)
             self._key = load_or_create_signing_key(path)
             where = str(path)
             if settings.database_url and not settings.database_url.startswith("sqlite"):
-                log.warning("FARM_SIGNING_KEY is not set: signing with %s; every API replica "
-                            "must use the same key, so configure it explicitly", path)
-        self.key_id = key_id(self._key)
+                log.warning("FARM_NAME_KEY is not set or missing: made a name key at %s; nodes "
+                            "refuse its statements until it is enrolled (farm keys enroll "
+                            "--role names) and on a root-signed trust list; every API replica "
+                            "must use the same key", path)
+        self.keyid = attest.keyid(self._key)
         self.public_pem = public_key_pem(self._key)
-        log.info("signing artifacts with key %s (%s)", self.key_id, where)
+        self._own = {self.keyid: self._key.public_key()}
+        log.info("signing names with key %s (%s)", self.keyid[:16], where)
 
-    def sign(self, record: ArtifactRecord) -> str:
-        return sign_artifact(self._key, record.digest, signed_metadata(record.to_json()))
+    def sign_version(self, *, model: str, version: str, program: dict[str, Any],
+                     submitted_by: str | None) -> str:
+        stmt = attest.version_statement(model=model, version=version, program=program,
+                                        issued_at=attest.now_iso(), submitted_by=submitted_by)
+        return _text(attest.sign_statement(self._key, stmt))
+
+    def sign_alias(self, *, model: str, alias: str, version: str, program: dict[str, Any],
+                   set_by: str | None) -> str:
+        stmt = attest.alias_statement(model=model, alias=alias, version=version, program=program,
+                                      issued_at=attest.now_iso(), set_by=set_by)
+        return _text(attest.sign_statement(self._key, stmt))
+
+    def read_own(self, envelope: str, predicate_type: str) -> attest.Statement:
+        """A statement this key signed (a stored version binding, read back
+        when an alias is pointed at it); ``AttestationError`` otherwise."""
+        _, payload = attest.verify_envelope(envelope, self._own,
+                                            payload_type=attest.IN_TOTO_PAYLOAD_TYPE)
+        return attest.parse_statement(payload, predicate_type=predicate_type, keyid_=self.keyid)
+
+
+def _text(envelope: dict[str, Any]) -> str:
+    return json.dumps(envelope, sort_keys=True, separators=(",", ":"))

@@ -16,7 +16,7 @@ from registry.auth import Authenticator
 from registry.blobstore import DEFAULT_PRESIGN_EXPIRES_S, BlobStore
 from registry.db import Database
 
-from .signer import Signer
+from .signer import NameSigner
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +155,10 @@ class AppState:
     db: Database
     store: BlobStore
     enqueue: Enqueue
-    signer: Signer
+    signer: NameSigner
     auth: Authenticator
     # (model, ref or None) -> (version, candidates) or NotFound
     candidates: TTLCache[tuple[str, str | None], Any]
-    # signatures made by this process, by artifact id: the candidates cache
-    # may still hold the unsigned record for a second
-    signatures: dict[int, str] = field(default_factory=dict)
     # whole resolve answers by (query string, Host); see middleware.ResponseCache
     resolve_responses: TTLCache[tuple[bytes, bytes], Any] = field(
         default_factory=lambda: TTLCache(0.0))

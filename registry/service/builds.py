@@ -96,6 +96,8 @@ class NewArtifact:
     first_call_s: float | None
     load_s: float | None
     meta: dict[str, Any]
+    # The build statement the worker signed (DSSE envelope JSON).
+    attestation: str | None = None
 
 
 def finish_compile(
@@ -145,6 +147,7 @@ def finish_compile(
                     first_call_s=a.first_call_s,
                     load_s=a.load_s,
                     meta=a.meta,
+                    attestation=a.attestation,
                 )
             )
         s.flush()

@@ -40,10 +40,10 @@ def main() -> None:
                               detect_local_target("cpu"),
                               formats=[a.format] if a.format else None)
     art = resolved["artifact"]
-    path = client.fetch(resolved)
+    path, verified = client.fetch_verified(resolved)
     module = build_module(ModelRef(a.entrypoint, json.loads(a.kwargs)), device="cpu", seed=0)
     module.train(a.train)
-    fn = load_artifact(path, art["format"], module=module)
+    fn = load_artifact(path, art["format"], module=module, attestation=verified)
     gen = torch.Generator().manual_seed(1)
     xs = [torch.randn(s.shape, generator=gen).to(getattr(torch, s.dtype)) for s in specs]
     result: dict[str, object] = {"format": art["format"], "digest": art["digest"]}

@@ -27,13 +27,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from farm.core.settings import Settings
-from farm.core.signing import verify_artifact_signature
 from farm.core.specs import JobSpec
 from farm.core.target import Target
 from registry import auth, service
 from registry import models as m
 from registry.api import create_app
-from registry.api.signer import signed_metadata
 from registry.blobstore import BlobStore, open_blob_store
 from registry.db import Database
 
@@ -75,7 +73,6 @@ def make_settings(tmp_path: Path, db_url: str, **over: Any) -> Settings:
         "blob_store_url": (tmp_path / "blobs").as_uri(),
         "farm_admin_token": ADMIN_TOKEN,
         "farm_auth": True,
-        "farm_signing_key": "",
         "broker_url": "memory://",
         "redis_url": "",
         "max_body_bytes": 64_000,
@@ -126,11 +123,16 @@ def beat(db: Database, target: Target, worker: str = "host:1") -> None:
 def make_artifact(db: Database, store: BlobStore, *, name: str = "tiny", version: str = "1",
                   inputs: tuple[str, ...] = ("int64[1,16]",), target: Target = CPU,
                   fmt: str = "aoti", data: bytes | None = None,
-                  fingerprint: str = "f" * 64, also: tuple[str, ...] = ()) -> dict[str, Any]:
+                  fingerprint: str = "f" * 64, also: tuple[str, ...] = (),
+                  name_key: Path | None = None) -> dict[str, Any]:
     """An artifact made the way the workers make one (and one more per format in
-    ``also``, from the same build); returns the first as its job view shows it."""
+    ``also``, from the same build); returns the first as its job view shows it.
+    With ``name_key``, the version is bound by it as the API binds a submission
+    (needed to set an alias on it); no builder attests these rows."""
     spec = JobSpec.from_json(spec_json(name, version, inputs=list(inputs), targets=[str(target)]))
     job_id = service.submit_job(db, spec, targets=[target])
+    if name_key is not None:
+        bind_version(db, spec, name_key)
     service.start_trace(db, job_id)
     dispatch = service.record_trace(db, job_id, {"fingerprint": fingerprint, "param_count": 10})
     data = data if data is not None else os.urandom(3000) + name.encode() + version.encode()
@@ -151,6 +153,25 @@ def make_artifact(db: Database, store: BlobStore, *, name: str = "tiny", version
     arts = {a["format"]: a for b in view["builds"] for a in b["artifacts"]}
     assert set(arts) == set(blobs), view
     return dict(arts[fmt], data=data, job_id=job_id)
+
+
+def bind_version(db: Database, spec: JobSpec, name_key: Path) -> None:
+    import json
+
+    from farm.core import attest
+    from farm.core.signing import load_or_create_signing_key
+    from registry.service import trust
+
+    stmt = attest.version_statement(model=spec.name, version=spec.version,
+                                    program=attest.program_of_spec(spec),
+                                    issued_at=attest.now_iso())
+    env = attest.sign_statement(load_or_create_signing_key(name_key), stmt)
+    trust.put_binding(db, model=spec.name, kind=trust.VERSION, ref=spec.version,
+                      version=spec.version, envelope=json.dumps(env))
+
+
+def name_key_of(settings: Settings) -> Path:
+    return settings.farm_home / "name-key.pem"
 
 
 def row_counts(db: Database) -> dict[str, int]:
@@ -178,7 +199,7 @@ def test_openapi_document(api: Api) -> None:
     for path in ("/v1/jobs", "/v1/jobs/{job_id}", "/v1/models", "/v1/models/{name}",
                  "/v1/models/{name}/aliases/{alias}", "/v1/resolve", "/v1/artifacts/{digest}",
                  "/v1/artifacts/{digest}/blob", "/v1/targets", "/v1/misses", "/v1/tokens",
-                 "/healthz", "/metrics", "/v1/public-key"):
+                 "/healthz", "/metrics", "/v1/trust-list", "/v1/keys", "/v1/root-key"):
         assert path in doc["paths"], path
     assert doc["components"]["securitySchemes"]
 
@@ -267,8 +288,9 @@ def test_default_enqueue_lands_on_redis_trace_queue(db_url: str, tmp_path: Path,
 
 
 def test_models_versions_aliases(api: Api) -> None:
-    a1 = make_artifact(api.db, api.store, version="1")
-    a2 = make_artifact(api.db, api.store, version="2", fingerprint="e" * 64)
+    key = name_key_of(api.settings)
+    a1 = make_artifact(api.db, api.store, version="1", name_key=key)
+    a2 = make_artifact(api.db, api.store, version="2", fingerprint="e" * 64, name_key=key)
     r = api.put("/v1/models/tiny/aliases/prod", json={"version": "1"})
     assert r.status_code == 200, r.text
     models = api.get("/v1/models").json()["models"]
@@ -290,8 +312,8 @@ def test_alias_move_is_seen_through_the_resolve_cache(db_url: str, tmp_path: Pat
     settings = make_settings(tmp_path, db_url)
     db = Database(db_url)
     store = open_blob_store(settings.resolved_blob_store_url())
-    make_artifact(db, store, version="1")
-    make_artifact(db, store, version="2", fingerprint="e" * 64)
+    make_artifact(db, store, version="1", name_key=name_key_of(settings))
+    make_artifact(db, store, version="2", fingerprint="e" * 64, name_key=name_key_of(settings))
     service.set_alias(db, "tiny", "prod", "1")
     hdr = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     with TestClient(create_app(settings, enqueue=lambda _: None, resolve_cache_s=60)) as c:
@@ -311,7 +333,9 @@ def test_alias_move_is_seen_through_the_resolve_cache(db_url: str, tmp_path: Pat
 # --- resolve ----------------------------------------------------------------
 
 
-def test_resolve_hit_is_signed_and_verifies(api: Api) -> None:
+def test_resolve_serves_stored_attestations_and_signs_nothing(api: Api) -> None:
+    # Rows made straight through the service: no builder attested them and no
+    # submission bound the version. The API serves that absence as it is.
     art = make_artifact(api.db, api.store, also=("aot_compile",))
     r = api.get("/v1/resolve", params=resolve_params())
     assert r.status_code == 200, r.text
@@ -322,18 +346,34 @@ def test_resolve_hit_is_signed_and_verifies(api: Api) -> None:
     assert [a["format"] for a in body["alternatives"]] == ["aot_compile"]
     assert best["version"] == "1" and best["target"] == str(CPU)
     assert best["download_url"].endswith(f"/v1/artifacts/{art['digest']}/blob")
-    pem = api.client.get("/v1/public-key")
-    assert pem.status_code == 200 and "BEGIN PUBLIC KEY" in pem.text
-    assert pem.headers["x-key-id"] == body["key_id"]
-    for a in [best, *body["alternatives"]]:
-        verify_artifact_signature(pem.text, a["digest"], signed_metadata(a), a["signature"])
-        assert set(a["signed_fields"]) <= set(a)
-    # Signed once, then stored: the row carries it now.
+    assert best["attestation"] == {"build": None, "version": None, "alias": None}
+    assert "signature" not in best or best["signature"] is None
     with api.db.session() as s:
-        stored = s.scalar(select(m.Artifact.signature).where(m.Artifact.digest == art["digest"]))
-    assert stored == best["signature"]
-    again = api.get("/v1/resolve", params=resolve_params()).json()
-    assert again["artifact"]["signature"] == best["signature"]
+        assert s.scalar(select(m.Artifact.attestation)
+                        .where(m.Artifact.digest == art["digest"])) is None
+    # A submission over the API binds the version with the name key, at once.
+    assert api.post("/v1/jobs", json=spec_json()).status_code == 201
+    again = api.get("/v1/resolve", params=resolve_params()).json()["artifact"]["attestation"]
+    from farm.core import attest
+    from farm.core.signing import load_public_key
+
+    name_key = api.get("/v1/keys").json()["name_key"]
+    _, payload = attest.verify_envelope(
+        again["version"], {name_key["keyid"]: load_public_key(name_key["public_key"])},
+        payload_type=attest.IN_TOTO_PAYLOAD_TYPE)
+    st = attest.parse_statement(payload, predicate_type=attest.VERSION_PREDICATE)
+    assert st.predicate["model"] == "tiny" and st.predicate["version"] == "1"
+    assert st.predicate["program"]["entrypoint"] == ENTRYPOINT
+    # Submitting it again does not re-sign it.
+    assert api.post("/v1/jobs", json=spec_json()).status_code == 201
+    third = api.get("/v1/resolve", params=resolve_params()).json()["artifact"]["attestation"]
+    assert third["version"] == again["version"]
+
+
+def test_alias_needs_a_bound_version(api: Api) -> None:
+    make_artifact(api.db, api.store)  # rows only: no submission bound it
+    r = api.put("/v1/models/tiny/aliases/prod", json={"version": "1"})
+    assert r.status_code == 422 and "no name binding" in r.text
 
 
 def test_resolve_covers_dynamic_ranges(api: Api) -> None:
@@ -381,7 +421,7 @@ def test_artifact_metadata(api: Api) -> None:
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["digest"] == art["digest"] and body["size"] == len(art["data"])
-    assert body["signature"] and body["download_url"].endswith("/blob")
+    assert body["attestation"]["build"] is None and body["download_url"].endswith("/blob")
 
 
 def test_download_range_etag(api: Api) -> None:
@@ -532,16 +572,21 @@ def test_auth_disabled_for_embedded_mode(db_url: str, tmp_path: Path) -> None:
         assert c.post("/v1/jobs", json=spec_json()).status_code == 201
 
 
-def test_signing_key_from_settings(db_url: str, tmp_path: Path) -> None:
+def test_name_key_from_settings(db_url: str, tmp_path: Path) -> None:
     from farm.core.signing import generate_keypair
+    from registry.api.signer import NameKeyError
 
     private, public = generate_keypair()
     key_file = tmp_path / "k.pem"
     key_file.write_text(private)
-    for source in (private, str(key_file)):
-        settings = make_settings(tmp_path, db_url, farm_signing_key=source)
-        with TestClient(create_app(settings, enqueue=lambda _: None)) as c:
-            assert c.get("/v1/public-key").text == public
+    settings = make_settings(tmp_path, db_url, farm_name_key=str(key_file))
+    hdr = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with TestClient(create_app(settings, enqueue=lambda _: None)) as c:
+        assert c.get("/v1/keys", headers=hdr).json()["name_key"]["public_key"] == public
+    # Inline PEM would sit in the environment, readable by the user's other processes.
+    with pytest.raises(NameKeyError):
+        create_app(make_settings(tmp_path, db_url, farm_name_key=private),
+                   enqueue=lambda _: None)
 
 
 def test_healthz(api: Api) -> None:

@@ -37,7 +37,7 @@ def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
 @pytest.fixture
 def seeded(api: Api) -> Api:
     """A model with one version, one artifact and an alias; a live worker."""
-    make_artifact(api.db, api.store)
+    make_artifact(api.db, api.store, name_key=api.settings.farm_home / "name-key.pem")
     service.set_alias(api.db, "tiny", "prod", "1")
     service.record_heartbeat(api.db, worker_id="w:1", kind="compile", queue=CPU.queue,
                              target=str(CPU))

@@ -252,9 +252,8 @@ def built(faults: FaultFarm) -> dict[str, Any]:
 
 
 def public_pem(f: FaultFarm) -> str:
-    from farm.core.signing import load_private_key, public_key_pem
-
-    return public_key_pem(load_private_key(Path(f.env["FARM_SIGNING_KEY"])))
+    """The farm's root public key, as its nodes pin it."""
+    return Path(f.env["FARM_ROOT_KEY"]).read_text()
 
 
 def node_client(f: FaultFarm, cache_dir: Path, url: str | None = None,
@@ -382,12 +381,14 @@ def test_tampered_or_unsigned_artifact_is_refused(
     with node_client(faults, tmp_path / "node") as client:
         resolved = resolve(client, built)
         art = resolved["artifact"]
-        assert art["signature"]
+        assert art["attestation"]["build"] and art["attestation"]["version"]
         # A man in the middle (or a broken proxy) edits the answer.
         other = "f" * 64 if art["digest"] != "f" * 64 else "e" * 64
-        for field, value in [("signature", None), ("digest", other), ("size", art["size"] + 1),
-                             ("grad_mode", "inference"), ("inputs", "float32[4,9]"),
-                             ("target", art["target"].replace("threads=", "threads=9"))]:
+        att = art["attestation"]
+        for field, value in [("attestation", None), ("digest", other), ("size", art["size"] + 1),
+                             ("build_key", "0" * 64),
+                             ("attestation", {**att, "build": None}),
+                             ("attestation", {**att, "version": None})]:
             edited = {**art, field: value}
             if value is None:
                 del edited[field]
@@ -412,7 +413,7 @@ def test_tampered_or_unsigned_artifact_is_refused(
         with node_client(faults, tmp_path / "node-3") as client:
             swapped = resolve(client, built)
             assert swapped["artifact"]["digest"] == evil_digest
-            with pytest.raises(IntegrityError, match="signature"):
+            with pytest.raises(IntegrityError, match="digest"):
                 client.load(swapped)
             assert client.cache.get(evil_digest) is None
     finally:

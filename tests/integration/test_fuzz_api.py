@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -39,7 +40,7 @@ def api(make_farm: MakeFarm) -> Iterator[FaultFarm]:
     the fuzzer reaches past the 404s."""
     f = make_farm("fuzz", workers=())
     store = S3BlobStore(f.bucket, "artifacts", endpoint_url=f.env["S3_ENDPOINT_URL"])
-    make_artifact(f.db, store)
+    make_artifact(f.db, store, name_key=Path(f.env["FARM_NAME_KEY"]))
     service.set_alias(f.db, "tiny", "prod", "1")
     service.record_heartbeat(f.db, worker_id="w:1", kind="compile", queue=CPU.queue,
                              target=str(CPU))

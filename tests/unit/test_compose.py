@@ -112,7 +112,7 @@ def test_no_default_admin_token_and_minio_published(compose: dict[str, Any]) -> 
 def test_secrets_are_git_ignored_and_python_is_pinned() -> None:
     import subprocess
 
-    r = subprocess.run(["git", "check-ignore", "-q", "secrets/farm_signing_key.pem"], cwd=ROOT)
+    r = subprocess.run(["git", "check-ignore", "-q", "secrets/farm_name_key.pem"], cwd=ROOT)
     assert r.returncode == 0, "secrets/ must be git-ignored: the README puts the private key there"
     docker = (ROOT / "Dockerfile").read_text()
     assert "ARG PYTHON_VERSION=3.11.7" in docker and "FROM python:${PYTHON_VERSION}-slim" in docker
