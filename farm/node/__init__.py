@@ -27,4 +27,9 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'farm.node' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    # Kept, so the next lookup is plain. And needed for ``compiled``: importing
+    # farm.node.compiled sets this package's attribute of that name to the
+    # submodule, which ``from farm.node import compiled`` would then return.
+    globals()[name] = value
+    return value

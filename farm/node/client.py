@@ -324,6 +324,9 @@ class FarmClient:
                 "source": str(source), "uploaded": uploaded}
 
     def job(self, job_id: str) -> dict[str, Any]:
+        """A job with each target's build (``farm status``; a ``JobView``):
+        state, the running build's stage, timings, errors, logs, artifacts.
+        ``job_id`` may be a unique prefix of the id."""
         return dict(self._request("GET", f"/v1/jobs/{quote(str(job_id), safe='')}"))
 
     def wait(
@@ -461,8 +464,8 @@ class FarmClient:
         Every answer is kept in this node's cache. With ``offline``, when the
         farm cannot be reached, the answer kept for the very same question is
         returned instead (``offline: True``, ``resolved_at``); ``fetch`` then
-        checks it as always and finds the bytes in the cache (``farm prefetch``
-        puts them there)."""
+        checks its signature and digest as always and finds the bytes in the
+        cache (``farm prefetch`` puts them there)."""
         import json
 
         from farm.node.verify import NodeRequest
@@ -529,8 +532,8 @@ class FarmClient:
             return None
         if not isinstance(kept, dict) or not isinstance(kept.get("artifact"), dict):
             return None
-        # Trusted no more than a fresh answer: fetch() checks it against the
-        # pinned key and its bytes against the digest.
+        # Trusted no more than a fresh answer: fetch() checks its signature
+        # against the pinned key and its bytes against the digest.
         return {**kept, "offline": True}
 
     def report_miss(
