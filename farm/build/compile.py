@@ -38,15 +38,10 @@ keeps every guard, so a model with an unserializable guard fails to save.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
 import os
-import shutil
-import tempfile
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +49,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from farm.build.aoti_support import (
+    _build_key,
+    _FunctionModule,
+    cxx_identity,
+    portable_march,
+    reproducible_cache_dir,
+)
+from farm.build.guards import GuardPolicy, global_state
 from farm.core.cpu_isa import detect_cpu_isa
 from farm.core.digests import sha256_file
 from farm.core.elf import package_linkage
@@ -71,23 +74,6 @@ log = logging.getLogger(__name__)
 
 ARTIFACT_FILES = {FORMAT_AOT_COMPILE: "aot_compile.bin", FORMAT_AOTI: "aoti.pt2"}
 
-# torch's own list (CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES),
-# used when this torch does not expose it.
-_UNSERIALIZABLE_FALLBACK = (
-    "DICT_VERSION",
-    "NN_MODULE",
-    "ID_MATCH",
-    "FUNCTION_MATCH",
-    "CLASS_MATCH",
-    "MODULE_MATCH",
-    "CLOSURE_MATCH",
-    "WEAKREF_ALIVE",
-)
-
-# A portable -march per inductor ISA: code for the target ISA, not for the
-# exact CPU model of the build host (-march=native would let gcc use, say,
-# AVX-512 instructions in an "avx2" package and SIGILL on other AVX2 hosts).
-PORTABLE_MARCH = {"avx2": "x86-64-v3", "avx512": "x86-64-v4"}
 
 
 class CompileError(RuntimeError):
@@ -292,98 +278,6 @@ def mode_options(mode: str) -> dict[str, Any]:
     return options
 
 
-# --- guards -------------------------------------------------------------------------------
-
-
-def unserializable_guard_types() -> frozenset[str]:
-    from torch._dynamo.guards import CheckFunctionManager
-
-    return frozenset(
-        getattr(
-            CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", _UNSERIALIZABLE_FALLBACK
-        )
-    )
-
-
-class GuardPolicy:
-    """A ``guard_filter_fn`` that applies the job's policy and records what the
-    kept guards pin, for the artifact's metadata."""
-
-    def __init__(self, policy: str) -> None:
-        self.policy = policy
-        self.unserializable = unserializable_guard_types()
-        self.summary: dict[str, Any] = {}
-
-    def cannot_serialize(self, entry: Any) -> bool:
-        if entry.guard_type in self.unserializable:
-            return True
-        if any(t in self.unserializable for t in entry.derived_guard_types or ()):
-            return True
-        # TYPE_MATCH on a class torch cannot import by name (defined in a function).
-        return bool(getattr(entry.orig_guard, "_unserializable", False))
-
-    def __call__(self, entries: Sequence[Any]) -> list[bool]:
-        keep = [self.policy == "keep-all" or not self.cannot_serialize(e) for e in entries]
-        self.summary = self._summarise(entries, keep)
-        return keep
-
-    def _summarise(self, entries: Sequence[Any], keep: Sequence[bool]) -> dict[str, Any]:
-        kept_types: Counter[str] = Counter()
-        dropped: list[dict[str, Any]] = []
-        tensors: list[dict[str, Any]] = []
-        constants: list[dict[str, Any]] = []
-        for e, k in zip(entries, keep, strict=True):
-            if not k:
-                dropped.append(
-                    {
-                        "type": e.guard_type,
-                        "derived": list(e.derived_guard_types or ()),
-                        "name": e.name,
-                        "global": bool(e.is_global),
-                    }
-                )
-                continue
-            kept_types[e.guard_type] += 1
-            if e.guard_type == "TENSOR_MATCH" and e.has_value and isinstance(e.value, torch.Tensor):
-                t = e.value
-                tensors.append(
-                    {
-                        "name": e.name,
-                        "kind": type(t).__name__,
-                        "dtype": str(t.dtype).removeprefix("torch."),
-                        "shape": list(t.shape),
-                        "stride": list(t.stride()),
-                        "device": t.device.type,
-                        "requires_grad": bool(t.requires_grad),
-                    }
-                )
-            elif e.guard_type in ("CONSTANT_MATCH", "EQUALS_MATCH") and e.has_value:
-                v = e.value
-                if v is None or isinstance(v, (bool, int, float, str)):
-                    constants.append({"name": e.name, "value": v})
-        return {
-            "policy": self.policy,
-            "kept": dict(sorted(kept_types.items())),
-            "dropped": dropped[:200],
-            "dropped_count": len(dropped),
-            "tensors": tensors,
-            "attributes": constants[:200],
-        }
-
-
-def global_state(grad_mode: GradMode) -> dict[str, Any]:
-    """The global state the GLOBAL_STATE guard pins, as the artifact is compiled."""
-    return {
-        "grad_enabled": grad_mode is GradMode.TRAINING,
-        "inference_mode": False,
-        "autocast_cpu": False,
-        "autocast_cuda": False,
-        "num_threads": torch.get_num_threads(),
-        "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-    }
-
-
 # --- aot_compile ------------------------------------------------------------------------
 
 
@@ -482,32 +376,6 @@ def bundle_autotune(path: Path, cache: Path) -> int:
 
 class AOTIUnsupported(CompileError):
     """This job cannot be an AOTI package (an aot_compile artifact still can)."""
-
-
-class _FunctionModule(nn.Module):
-    """``torch.export`` exports modules: wrap a free function in one."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-
-def cxx_identity() -> str:
-    """The compiler Inductor runs in this process, as artifacts record it."""
-    from farm.build.toolchain import compiler_identity, inductor_compiler
-
-    try:
-        return compiler_identity(inductor_compiler())
-    except Exception as exc:  # no compiler at all: a CUDA aot_compile build needs none
-        return f"none ({type(exc).__name__})"
-
-
-def portable_march(isa: str) -> str | None:
-    head = isa.split()[0] if isa else ""
-    return PORTABLE_MARCH.get(head)
 
 
 def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) -> dict[str, Any]:
@@ -611,54 +479,6 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         "load_needs_cxx_compiler": False,
         "calling_convention": farm_meta["calling_convention"],
     }
-
-
-def _build_key(spec: JobSpec, device: torch.device) -> str:
-    # Name and version are left out: the same model under another name
-    # compiles to the same bytes.
-    what = {
-        "model": spec.model.to_json(),
-        "inputs": [str(s) for s in spec.inputs],
-        "grad_mode": spec.grad_mode.value,
-        "options": spec.options.to_json(),
-        "device": device.type,
-        "torch": torch.__version__,
-    }
-    return hashlib.sha256(canonical_json(what).encode()).hexdigest()[:20]
-
-
-@contextlib.contextmanager
-def reproducible_cache_dir(key: str) -> Iterator[Path]:
-    """An empty Inductor cache at a path fixed by ``key``, for this block.
-
-    AOTI packages hold the cache path (in debug info, and in "Compile cmd"
-    comments that a warm cache appends to the sources), so the same build in a
-    fresh cache at the same path gives the same bytes. A lock file makes
-    concurrent builds of the same key on one host take turns.
-    """
-    from filelock import FileLock
-    from torch._inductor.utils import clear_caches
-
-    base = Path(tempfile.gettempdir()) / "torch-farm-aoti"
-    base.mkdir(parents=True, exist_ok=True)
-    d = base / key
-    with FileLock(str(base / f"{key}.lock")):
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir()
-        old = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
-        os.environ["TRITON_CACHE_DIR"] = str(d / "triton")
-        clear_caches()
-        try:
-            yield d
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            clear_caches()
-            shutil.rmtree(d, ignore_errors=True)
 
 
 def describe_artifacts(arts: Sequence[CompiledArtifact]) -> str:
