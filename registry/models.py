@@ -97,6 +97,9 @@ class ModelVersion(Base):
     entrypoint: Mapped[str] = mapped_column(String(512))
     kwargs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     kind: Mapped[str] = mapped_column(String(16), default="factory")
+    # sha256 of the code pack the version's code travels in (farm.core.codepack);
+    # None: code installed on the workers (farm.zoo).
+    code_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     model: Mapped[Model] = relationship(back_populates="versions")
@@ -144,6 +147,8 @@ class Job(Base):
     inputs: Mapped[str] = mapped_column(Text)  # canonical, farm.core.specs.format_inputs
     grad_mode: Mapped[str] = mapped_column(String(16))
     options: Mapped[str] = mapped_column(Text)  # canonical JSON
+    # The spec's code_digest as a column, for queries and the trace sharing.
+    code_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # queued -> tracing -> compiling -> succeeded | failed | partial
     state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
     fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -172,6 +177,8 @@ class Build(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     target: Mapped[str] = mapped_column(String(512))
     build_key: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    # The code pack this build runs (its job's), for provenance statements.
+    code_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # pending (waiting on trace) -> queued -> running -> succeeded | failed | reused
     state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)

@@ -47,6 +47,10 @@ def check_version(state: AppState, spec: JobSpec) -> None:
     bound to another program (whatever the version's row now says)."""
     bound = _own_program(state, spec.name, spec.version)
     if bound is not None and bound != program_of_spec(spec):
+        if service.version_rebind_blocker(state.db, spec.name, spec.version) is None:
+            # Every build of it failed (a typo'd entrypoint, a bad kwarg): the
+            # fix may take the name; bind_version signs the new program.
+            return
         raise service.InvalidRequest(
             f"{spec.name}@{spec.version} already exists, bound to another program "
             f"({bound.get('entrypoint')}, code {bound.get('code_digest') or 'installed'}); "

@@ -44,6 +44,7 @@ from registry.service.jobs import (
     requeue_stale_jobs,
     start_trace,
     submit_job,
+    version_rebind_blocker,
 )
 from registry.service.lifecycle import (
     JOB_STATES,
@@ -109,4 +110,5 @@ __all__ = [
     "start_trace",
     "submit_job",
     "version_candidates",
+    "version_rebind_blocker",
 ]

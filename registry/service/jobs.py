@@ -30,6 +30,44 @@ from registry.service.fleet import _worker_is_live
 log = logging.getLogger(__name__)
 
 
+def _binding(spec: JobSpec) -> tuple[str, str, str, str | None]:
+    mj = spec.model.to_json()
+    return (mj["entrypoint"], canonical_json(mj["kwargs"]), mj["kind"], spec.code_digest)
+
+
+def _version_binding(v: m.ModelVersion) -> tuple[str, str, str, str | None]:
+    return (v.entrypoint, canonical_json(v.kwargs or {}), v.kind, v.code_digest)
+
+
+def _rebind_blocker(s: Session, version: m.ModelVersion) -> str | None:
+    """Why ``version`` cannot be bound to another program (None: it can).
+
+    A version names one program once anything was built for it; until then
+    (every build of every job failed: a typo'd entrypoint, a bad kwarg, code
+    that does not trace) the fix may take the same name@version."""
+    linked = s.scalar(select(m.VersionArtifact.id)
+                      .where(m.VersionArtifact.version_id == version.id).limit(1))
+    if linked is not None:
+        return "it has artifacts"
+    jobs = s.scalars(select(m.Job).where(m.Job.version_id == version.id)).all()
+    busy = [j.id for j in jobs if j.state in ("queued", "tracing", "compiling")]
+    if busy:
+        return f"job {busy[0][:8]} still builds it"
+    if any(b.state in ("succeeded", "reused") for j in jobs for b in j.builds):
+        return "one of its builds succeeded"
+    return None
+
+
+def version_rebind_blocker(db: Database, name: str, version: str) -> str | None:
+    """Why ``name@version`` cannot take another program (None: it can, being
+    new or having no build that did not fail). For the name binding check of
+    the API, which must agree with the database on this."""
+    with db.session() as s:
+        v = s.scalar(select(m.ModelVersion).join(m.Model).where(
+            m.Model.name == name, m.ModelVersion.version == version))
+        return None if v is None else _rebind_blocker(s, v)
+
+
 def _get_or_create_version(s: Session, spec: JobSpec) -> m.ModelVersion:
     model = s.scalar(select(m.Model).where(m.Model.name == spec.name))
     if model is None:
@@ -39,7 +77,7 @@ def _get_or_create_version(s: Session, spec: JobSpec) -> m.ModelVersion:
     version = s.scalar(
         select(m.ModelVersion).where(
             m.ModelVersion.model_id == model.id, m.ModelVersion.version == spec.version
-        )
+        ).with_for_update()
     )
     mj = spec.model.to_json()
     if version is None:
@@ -49,20 +87,26 @@ def _get_or_create_version(s: Session, spec: JobSpec) -> m.ModelVersion:
             entrypoint=mj["entrypoint"],
             kwargs=mj["kwargs"],
             kind=mj["kind"],
+            code_digest=spec.code_digest,
         )
         s.add(version)
         s.flush()
-    elif (version.entrypoint, canonical_json(version.kwargs or {}), version.kind) != (
-        mj["entrypoint"],
-        canonical_json(mj["kwargs"]),
-        mj["kind"],
-    ):
-        # A version names one model; silently rebinding it would serve two
-        # different programs under one name.
-        raise InvalidRequest(
-            f"{spec.name}@{spec.version} already exists with entrypoint {version.entrypoint} "
-            f"and kwargs {canonical_json(version.kwargs or {})}; submit a new version"
-        )
+    elif _version_binding(version) != _binding(spec):
+        blocker = _rebind_blocker(s, version)
+        if blocker is not None:
+            # A version names one program; silently rebinding it would serve
+            # two different programs under one name.
+            code = f" and code {version.code_digest[:12]}" if version.code_digest else ""
+            raise InvalidRequest(
+                f"{spec.name}@{spec.version} already exists with entrypoint "
+                f"{version.entrypoint}, kwargs {canonical_json(version.kwargs or {})}{code}, "
+                f"and {blocker}; submit a new version")
+        log.info("%s@%s rebound from %s to %s: every earlier build of it failed", spec.name,
+                 spec.version, version.entrypoint, mj["entrypoint"])
+        version.entrypoint = mj["entrypoint"]
+        version.kwargs = mj["kwargs"]
+        version.kind = mj["kind"]
+        version.code_digest = spec.code_digest
     return version
 
 
@@ -86,12 +130,14 @@ def submit_job(
             inputs=format_inputs(spec.inputs),
             grad_mode=spec.grad_mode.value,
             options=spec.options.canonical(),
+            code_digest=spec.code_digest,
             state="queued",
             submitted_by=submitted_by,
         )
         s.add(job)
         for t in targets:
-            s.add(m.Build(id=str(uuid.uuid4()), job_id=job_id, target=str(t), state="pending"))
+            s.add(m.Build(id=str(uuid.uuid4()), job_id=job_id, target=str(t), state="pending",
+                          code_digest=spec.code_digest))
     return job_id
 
 
@@ -162,7 +208,8 @@ def record_trace_for_identical(
     db: Database, job_id: str, report: dict[str, Any], *, limit: int = 1000
 ) -> tuple[list[str], list[CompileDispatch]]:
     """Give ``job_id``'s trace to every job still queued for the very same
-    program (model entrypoint, kwargs and kind; inputs; grad mode; options).
+    program (model entrypoint, kwargs and kind; code pack; inputs; grad mode;
+    options).
 
     A fleet rollout submits the same job many times; tracing each copy costs
     a process and seconds, and gives the same fingerprint: a queued job would
@@ -177,7 +224,7 @@ def record_trace_for_identical(
         job = s.get(m.Job, job_id)
         if job is None:
             raise NotFound(f"no job {job_id}")
-        model = JobSpec.from_json(job.spec).model
+        mine = JobSpec.from_json(job.spec)
         siblings = s.scalars(
             select(m.Job)
             .where(
@@ -192,7 +239,9 @@ def record_trace_for_identical(
             .with_for_update(skip_locked=True)
         ).all()
         for sib in siblings:
-            if JobSpec.from_json(sib.spec).model != model:
+            other = JobSpec.from_json(sib.spec)
+            # The same program: the same model ref and the same code pack.
+            if (other.model, other.code_digest) != (mine.model, mine.code_digest):
                 continue
             dispatch += _apply_trace(s, sib, {**report, "trace_shared_from": job_id})
             settled.append(sib.id)
