@@ -140,8 +140,9 @@ def _start_farm(home: Path, port: int) -> subprocess.Popen[bytes]:
             "REDIS_URL",
             "BROKER_URL",
             "BLOB_STORE_URL",
-            "FARM_SIGNING_KEY",
-            "FARM_PUBLIC_KEY",
+            "FARM_NAME_KEY",
+            "FARM_BUILDER_KEY",
+            "FARM_ROOT_KEY",
             "FARM_AUTH",
         )
     }

@@ -73,6 +73,9 @@ SCRUBBED = frozenset({
     "FARM_TOKEN",
     "FARM_ADMIN_TOKEN",
     "FARM_SIGNING_KEY",
+    # Where the worker's builder key and the API's name key are (docs/security.md).
+    "FARM_BUILDER_KEY",
+    "FARM_NAME_KEY",
     "SSH_AUTH_SOCK",
     "GOOGLE_APPLICATION_CREDENTIALS",
 })

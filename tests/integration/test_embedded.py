@@ -23,7 +23,8 @@ from tests.fixtures.farm import ROOT, free_port
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SERVICE_VARS = ("DATABASE_URL", "REDIS_URL", "BROKER_URL", "BLOB_STORE_URL", "S3_ENDPOINT_URL",
-                "FARM_SIGNING_KEY", "FARM_AUTH", "FARM_ADMIN_TOKEN", "FARM_TOKEN", "FARM_URL")
+                "FARM_NAME_KEY", "FARM_BUILDER_KEY", "FARM_ROOT_KEY", "FARM_AUTH",
+                "FARM_ADMIN_TOKEN", "FARM_TOKEN", "FARM_URL")
 
 
 def _cmdline(p: psutil.Process) -> list[str]:

@@ -139,6 +139,6 @@ def test_hostile_models_fail_their_own_builds_and_the_farm_keeps_serving(
     # ... while the workers that ran it held them (or the check proves nothing),
     # and the probe would have seen them.
     for name in ("DATABASE_URL", "REDIS_URL", "AWS_SECRET_ACCESS_KEY", "FARM_ADMIN_TOKEN",
-                 "FARM_SIGNING_KEY", "FARM_HOME", "BLOB_STORE_URL", "S3_ENDPOINT_URL"):
+                 "FARM_BUILDER_KEY", "FARM_HOME", "BLOB_STORE_URL", "S3_ENDPOINT_URL"):
         assert hostile.env.get(name), name
         assert FORBIDDEN.search(name), name

@@ -28,6 +28,7 @@ SECRETS = {
     "FARM_TOKEN": "t",
     "FARM_ADMIN_TOKEN": "a",
     "FARM_SIGNING_KEY": "/keys/farm.pem",
+    "FARM_BUILDER_KEY": "/keys/builder.pem",
 }
 
 
