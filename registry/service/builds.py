@@ -174,11 +174,7 @@ def _finish_builds_from_artifacts(
         _copy_metrics(b, arts)
         _link_version(s, b.job.version_id, arts)
         jobs.add(b.job_id)
-    s.flush()
-    for job_id in jobs:
-        job = s.get(m.Job, job_id)
-        if job is not None:
-            _settle_job(job)
+    _settle_jobs(s, jobs)
 
 
 def release_claim(db: Database, key: str, *, worker_id: str) -> bool:
@@ -220,11 +216,16 @@ def fail_compile(db: Database, key: str, *, error: str, log_text: str | None = N
             b.log = _clip(log_text)
             b.finished_at = _now()
             jobs.add(b.job_id)
-        s.flush()
-        for job_id in jobs:
-            job = s.get(m.Job, job_id)
-            if job is not None:
-                _settle_job(job)
+        _settle_jobs(s, jobs)
+
+
+def _settle_jobs(s: Session, job_ids: Iterable[Any]) -> None:
+    """Flush the builds' new states, then settle each job they belong to."""
+    s.flush()
+    for job_id in job_ids:
+        job = s.get(m.Job, job_id)
+        if job is not None:
+            _settle_job(job)
 
 
 def _copy_metrics(b: m.Build, arts: Sequence[m.Artifact]) -> None:
