@@ -358,6 +358,12 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+# What `pip install 'torch-farm[server]'` adds to a fleet node's install.
+SERVER_MODULES = frozenset({"celery", "kombu", "redis", "sqlalchemy", "alembic", "boto3",
+                            "botocore", "fastapi", "starlette", "uvicorn", "prometheus_client",
+                            "psutil", "cachetools", "psycopg"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -389,6 +395,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("\nfarm: interrupted\n")
         return 130
+    except ModuleNotFoundError as exc:
+        root = (exc.name or "").partition(".")[0]
+        if root not in SERVER_MODULES:
+            raise
+        # A fleet node's install (`pip install torch-farm`) has no server set.
+        return _fail(f"farm {args.command} needs the farm's server packages (no module "
+                     f"named {root!r} here): pip install 'torch-farm[server]'", EXIT_FAILURE)
     except BrokenPipeError:
         # `farm models | head`: the reader left; say nothing.
         with contextlib.suppress(OSError):

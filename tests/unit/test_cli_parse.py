@@ -218,3 +218,16 @@ def test_resolve_miss_lists_rejections_then_one_error_line(
     assert code == 1
     assert "built for avx512" in out
     assert err.strip() == "farm: error: no artifact of m@1 fits this node"
+
+
+def test_a_server_command_on_a_node_install_says_what_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def serve(args: object) -> int:
+        raise ModuleNotFoundError("No module named 'sqlalchemy'", name="sqlalchemy")
+
+    monkeypatch.setattr(commands, "cmd_serve", serve)
+    code, _, err = run_cli(capsys, "serve")
+    assert code == 1
+    assert err.strip() == ("farm: error: farm serve needs the farm's server packages (no module "
+                           "named 'sqlalchemy' here): pip install 'torch-farm[server]'")
