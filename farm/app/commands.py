@@ -66,9 +66,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_OK
     import uvicorn
 
-    shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    url = f"http://{shown}:{args.port}"
-    print(f"torch-farm API on {url}\n  export FARM_URL={url}", flush=True)
     settings = get_settings()
     cert = args.ssl_certfile or settings.farm_tls_cert or None
     key = args.ssl_keyfile or settings.farm_tls_key or None
@@ -76,6 +73,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("TLS needs both a certificate and its key (--ssl-certfile and "
                          "--ssl-keyfile, or FARM_TLS_CERT and FARM_TLS_KEY)")
     tls: dict[str, Any] = {"ssl_certfile": cert, "ssl_keyfile": key} if cert else {}
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    url = f"{'https' if cert else 'http'}://{shown}:{args.port}"
+    print(f"torch-farm API on {url}\n  export FARM_URL={url}", flush=True)
     if args.workers > 1:
         uvicorn.run("registry.api.app:create_app", factory=True, host=args.host,
                     port=args.port, workers=args.workers, **tls)
@@ -220,7 +220,8 @@ def _resolve(args: argparse.Namespace, client: Any) -> dict[str, Any]:
 
 
 LOAD_HINT = """\
-load it on a node with the same target (its module supplies the weights):
+load it on a node with the same target (its module supplies the weights; the
+attestation beside the file is checked against FARM_ROOT_KEY first):
   from farm.node.loader import load_artifact
   fn = load_artifact("{path}", "{format}", module=model)   # model: your nn.Module, eval()
   with torch.no_grad():                                    # {grad_mode} artifact

@@ -194,7 +194,12 @@ class FarmClient:
         headers = {"User-Agent": "torch-farm-client"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        verify: Any = settings.farm_ca_bundle or True
+        verify: Any = True
+        if settings.farm_ca_bundle:
+            import ssl
+
+            # A private CA (docs/security.md, TLS); the system's CAs otherwise.
+            verify = ssl.create_default_context(cafile=settings.farm_ca_bundle)
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=t,
                                   follow_redirects=False, transport=transport, verify=verify)
         # For presigned URLs on another origin: never carries the farm token.
@@ -631,6 +636,12 @@ class FarmClient:
             try:
                 body = self._request("GET", "/v1/trust-list")
             except NotFoundError:
+                body = None
+            except FarmUnavailable as exc:
+                # Offline (a node running what it prefetched): the newest list
+                # this node accepted before, verified again; none, and it refuses.
+                log.warning("torch-farm: cannot fetch the trust list (%s); using the one this "
+                            "node kept", exc)
                 body = None
             if body is not None:
                 try:

@@ -185,7 +185,7 @@ class CompiledHandle:
         return Prefetched(model=self.model, ref=self.ref, version=resolved.get("version"),
                           inputs=self.inputs, grad_mode=self.grad_mode, target=target,
                           artifact=dict(resolved["artifact"]), path=path, timings=self.timings,
-                          verified=verified)
+                          verified=verified, offline=bool(resolved.get("offline")))
 
     def done(self) -> bool:
         return self._future.done()

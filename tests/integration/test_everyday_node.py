@@ -1,0 +1,132 @@
+"""A fleet node's everyday use against a real farm (PostgreSQL, Redis, S3,
+the API and Celery workers in their own processes, a real build): the
+README's snippet as written gets the farm's artifact, a node whose farm is
+down runs what it prefetched, and ``fallback=False`` says why nothing fits.
+
+Each node is a fresh Python process, as on a fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.farm import Farm
+from tests.fixtures.faults import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "node-mlp"
+
+# The README's fleet snippet, as a user copies it (grad mode on, the module
+# fresh from its constructor, so in training mode).
+SNIPPET = """
+import json, sys, torch
+from farm.node import compiled
+from farm.zoo.basic import mlp
+
+torch.manual_seed(0)
+model = mlp()
+x = torch.randn(8, 64)
+fast = compiled(model, model="node-mlp", ref="prod", example_inputs=[x]{extra})
+y = fast(x)
+with torch.no_grad():
+    want = model(x)
+print(json.dumps({{"source": fast.source, "reason": fast.reason,
+                  "offline": bool(fast.prefetched and fast.prefetched.offline),
+                  "format": fast.artifact and fast.artifact["format"],
+                  "grad_enabled": torch.is_grad_enabled(),
+                  "max_diff": float((y - want).abs().max())}}))
+"""
+
+
+def _node(env: dict[str, str], extra: str = "") -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-c", SNIPPET.format(extra=extra)], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]), log=r.stderr)
+
+
+def _farm_cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "farm.app.cli", *argv], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def built(farm: Farm) -> dict[str, str]:
+    """node-mlp@1 built by the farm (inference, the default), aliased prod,
+    with the CLI as a user runs it; returns a node's environment."""
+    env = {**farm.env}
+    r = _farm_cli(env, "submit", "farm.zoo.basic:mlp", "--name", NAME, "--version", "1",
+                  "--input", "float32[8,64]", "--target", "cpu", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _farm_cli(env, "alias", "set", NAME, "prod", "1")
+    assert r.returncode == 0, r.stderr
+    return env
+
+
+def test_readme_snippet_as_written_gets_the_farms_artifact(built: dict[str, str],
+                                                           tmp_path: Path) -> None:
+    env = {**built, "CLIENT_CACHE_DIR": str(tmp_path / "cache")}
+    out = _node(env)
+    assert out["source"] == "farm", out["log"][-3000:]
+    assert out["reason"] is None
+    assert out["max_diff"] < 1e-4
+    # The caller's grad mode is left as it was; only the artifact's call ran without grad.
+    assert out["grad_enabled"] is True
+
+
+def test_a_node_runs_its_prefetched_artifact_while_the_farm_is_down(
+        built: dict[str, str], tmp_path: Path, farm: Farm) -> None:
+    env = {**built, "CLIENT_CACHE_DIR": str(tmp_path / "cache")}
+    host, _, port = farm.url.removeprefix("http://").partition(":")
+    # The farm goes away: a proxy that refuses every connection stands for it.
+    down = TcpProxy((host, int(port)))
+    try:
+        offline = {**env, "FARM_URL": f"http://127.0.0.1:{down.port}"}
+        # The kept answer is per farm URL: this node prefetches through its own.
+        r = _farm_cli(offline, "prefetch", f"{NAME}@prod", "-i", "float32[8,64]")
+        assert r.returncode == 0, r.stderr
+        down.cut()
+        out = _node(offline)
+        assert out["source"] == "farm", out["log"][-3000:]
+        assert out["offline"] is True
+        assert "cannot be reached" in out["log"]
+        # A node that never prefetched has nothing to run: JIT, with the reason.
+        cold = {**offline, "CLIENT_CACHE_DIR": str(tmp_path / "cold-cache")}
+        out = _node(cold)
+        assert out["source"] == "jit"
+        assert "cannot reach the farm" in (out["reason"] or ""), out
+    finally:
+        down.close()
+
+
+def test_fallback_false_raises_with_each_candidates_reason(built: dict[str, str],
+                                                           tmp_path: Path) -> None:
+    env = {**built, "CLIENT_CACHE_DIR": str(tmp_path / "cache")}
+    script = """
+import torch
+from farm.node import compiled, NotFoundError
+from farm.zoo.basic import mlp
+try:
+    compiled(mlp(), model="node-mlp", ref="prod", example_inputs=["float32[16,64]"],
+             fallback=False)
+except NotFoundError as exc:
+    print(str(exc))
+else:
+    raise SystemExit("no error")
+"""
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = r.stdout
+    assert "each candidate and why" in text
+    assert "do not cover the requested float32[16,64]" in text
+    # The shape miss says which dynamic build would serve both.
+    assert "float32[8..16,64]" in text
