@@ -481,15 +481,6 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
     }
 
 
-def describe_artifacts(arts: Sequence[CompiledArtifact]) -> str:
-    """One line per artifact, for logs."""
-    return "\n".join(
-        f"{a.format}: {a.path.name} {a.meta.get('size', 0) / 1e6:.2f} MB "
-        f"in {a.meta.get('compile_s', 0):.1f} s"
-        for a in arts
-    )
-
-
 __all__ = [
     "ARTIFACT_FILES",
     "CHECK_AOTI",

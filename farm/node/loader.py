@@ -25,13 +25,10 @@ Two formats (``farm.build.compile`` writes both for CPU targets):
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import operator
 import os
-import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -441,36 +438,3 @@ def _cuda_index(module: Any) -> int:
 def _describe(t: Any) -> str:
     """``dtype[shape]@device``: what the package expects of one constant."""
     return f"{str(t.dtype).removeprefix('torch.')}[{','.join(map(str, t.shape))}]@{t.device.type}"
-
-
-# --- where a fresh process spends its time -------------------------------------------
-
-# What loading an artifact imports, in the order it happens.
-IMPORT_STEPS = (
-    "torch",
-    "torch._dynamo",
-    "torch._inductor",
-    "torch._inductor.compile_fx",
-    "torch._dynamo.aot_compile",
-    "torch.export.pt2_archive._package",
-)
-
-
-def time_import_breakdown(modules: Sequence[str] = IMPORT_STEPS) -> dict[str, float]:
-    """Seconds each import took in this process, in order (0.0: already imported).
-
-    Only meaningful as the first thing a fresh process does.
-    """
-    out: dict[str, float] = {}
-    for name in modules:
-        if name in sys.modules:
-            out[name] = 0.0
-            continue
-        t0 = time.perf_counter()
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            out[name] = float("nan")
-            continue
-        out[name] = time.perf_counter() - t0
-    return out
