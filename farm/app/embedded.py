@@ -106,6 +106,10 @@ def embedded_env(settings: Settings) -> dict[str, str]:
     # The API serves the root's public half for a local node to trust on
     # first use; the API and workers never need the root's private key.
     env.setdefault("FARM_ROOT_KEY", str(settings.farm_home / (ROOT_KEY_FILE + ".pub")))
+    # The local compile worker's key, which prepare() made and enrolled: the
+    # workers see DATABASE_URL set (above), so they cannot tell they are embedded.
+    env.setdefault("FARM_BUILDER_KEY", str(settings.farm_builder_key or settings.farm_home
+                                           / "builder-key.pem"))
     # One user's farm on one machine: isolate model code where bubblewrap and
     # namespaces allow, else build unisolated with a warning at every build,
     # rather than refuse to start (farm.build.sandbox).
