@@ -251,7 +251,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                 failures.append(f"{art['format']} artifact failed verification: {report.error}")
                 continue
             # Blob first, row second: a row never points at a missing blob.
-            _stage(db, build_key, f"storing {art['format']} ({report.summary()})")
+            _stage(db, build_key, f"storing {art['format']}")
             info = store.put_file(path)
             new.append(
                 service.NewArtifact(

@@ -138,7 +138,8 @@ def list_jobs(db: Database, *, state: str | None = None, model: str | None = Non
                 "created_at": _iso(job.created_at),
                 "updated_at": _iso(job.updated_at),
                 "error": (job.error or "").strip().splitlines()[0][:300] if job.error else None,
-                "builds": [{"target": b.target, "state": b.state, "stage": b.stage}
+                "builds": [{"target": b.target, "state": b.state,
+                            "stage": b.stage if b.state == "running" else None}
                            for b in job.builds],
             })
         return out

@@ -183,6 +183,11 @@ def test_status_log_shows_the_stage_while_the_build_runs(served: Served) -> None
     assert any(ln.endswith("verifying aoti") for ln in log_lines), out
     code, out, _ = served.farm("status", job_id, "--json")
     assert json.loads(out)["builds"][0]["stage"] == "verifying aoti"
+    assert "verifying aoti" in served.ok("jobs")
+    # Once the build is over, its state is what lists show, not its last stage.
+    service.fail_compile(served.db, key, error="boom")
+    out = served.ok("jobs")
+    assert "verifying aoti" not in out and "failed" in out
 
 
 def test_status_of_a_failed_job_exits_1(served: Served) -> None:
