@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
+import math
 import os
 import platform
 import socket
@@ -72,6 +73,17 @@ def program_of_spec(spec: JobSpec) -> dict[str, Any]:
     return attest.program_of_spec(spec)
 
 
+def _json_safe(value: Any) -> Any:
+    """Canonical JSON has no NaN or infinity (a verifier's error can be NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def build_statement(
     *,
     digest: str,
@@ -89,10 +101,11 @@ def build_statement(
 ) -> dict[str, Any]:
     meta = dict(meta or {})
     toolchain = dict(toolchain_versions())
-    # The compiler identity the compile step recorded (issue 15), when it did.
-    for key in ("cxx", "cxx_linkage"):
+    # The C++ compiler the compile step ran and what its library needs of
+    # libstdc++ (farm.build.compile records them per artifact), when present.
+    for key in ("cxx", "libstdcxx_needs", "cpu_isa", "march"):
         if meta.get(key) is not None:
-            toolchain[key] = meta[key]
+            toolchain[key] = _json_safe(meta[key])
     return attest.statement(subject_name(digest, fmt), digest, attest.BUILD_PREDICATE, {
         "artifact": {"digest": digest, "size": int(size), "format": fmt},
         "build_key": build_key,
@@ -105,7 +118,7 @@ def build_statement(
         "builder": {"id": builder_id, "keyid": builder_keyid},
         "toolchain": toolchain,
         "built_at": built_at,
-        "verification": dict(verification or {}),
+        "verification": _json_safe(dict(verification or {})),
     })
 
 

@@ -123,8 +123,9 @@ def _refuse(msg: str, fld: str) -> AttestationRefused:
 def _statement(envelope: Any, trust: attest.TrustList, predicate_type: str,
                what: str) -> attest.Statement:
     if envelope is None:
-        raise _refuse(f"the farm sent no {what} statement (an artifact row nobody attested, "
-                      "or a name no request of the farm's API bound)", f"{what}_statement")
+        why = ("an artifact row no builder attested" if what == "build" else
+               "a name no accepted request bound")
+        raise _refuse(f"the farm sent no {what} statement ({why})", f"{what}_statement")
     try:
         return attest.verify_statement(envelope, trust, predicate_type=predicate_type)
     except attest.AttestationError as exc:

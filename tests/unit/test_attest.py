@@ -113,7 +113,7 @@ class Farm:
         return json.loads(signer.sign(digest=digest, size=size, fmt=fmt, build_key=bk,
                                       fingerprint=fingerprint, spec=spec, target=target,
                                       meta={"cxx": "/usr/bin/g++: g++ 13"},
-                                      verification={"max_abs_err": 0.0}))
+                                      verification={"max_abs_err": float("nan")}))
 
     def version_env(self, spec: JobSpec, *, key: Ed25519PrivateKey | None = None) -> Any:
         stmt = attest.version_statement(model=spec.name, version=spec.version,
@@ -154,6 +154,7 @@ def test_a_matching_bundle_verifies(farm: Farm) -> None:
     assert v.builder_keyid == attest.keyid(farm.builder)
     assert v.build["toolchain"]["cxx"] == "/usr/bin/g++: g++ 13"
     assert v.build["toolchain"]["torch"]
+    assert v.build["verification"] == {"max_abs_err": None}  # NaN has no canonical JSON
 
 
 def test_each_request_field_is_checked(farm: Farm) -> None:
