@@ -801,9 +801,7 @@ class FarmClient:
         artifact = resolved.get("artifact", resolved)
         path, verified = self.fetch_verified(resolved)
         return load_artifact(path, artifact["format"], module=module, attestation=verified,
-                             trust_unverified=verified is None,
-                             disable_guard_check=bool(
-                                 (artifact.get("options") or {}).get("disable_guard_check")))
+                             trust_unverified=verified is None)
 
 
 def _retry_after(r: httpx.Response, default: float) -> float:
