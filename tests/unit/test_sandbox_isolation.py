@@ -184,3 +184,18 @@ def test_sandbox_modes(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptur
         assert caplog.text.count("unisolated") == 2
     finally:
         isolation_unavailable.cache_clear()
+
+
+def test_a_worker_that_cannot_isolate_refuses_to_start(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    empty = tmp_path / "bin"
+    empty.mkdir()  # a PATH with no bubblewrap on it
+    env = {"PATH": str(empty), "FARM_HOME": str(tmp_path), "FARM_SANDBOX": "on",
+           "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "farm.app.cli", "worker", "trace"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "cannot isolate model code" in out.stderr, out.stderr[-2000:]
+    assert "apt-get install -y bubblewrap" in out.stderr and "FARM_SANDBOX=off" in out.stderr
