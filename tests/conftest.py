@@ -19,9 +19,9 @@ pytest_plugins = [
 # order, so these start at once instead of last (tests/integration/test_pipeline
 # sorts after everything else by name and was the run's critical path).
 LONG_FIRST = (
-    "test_pipeline", "test_faults", "test_embedded", "test_hostile_models",
-    "test_compile_cpu", "test_netns", "test_load", "test_byom", "test_everyday",
-    "test_aoti_check", "test_fuzz_api",
+    "test_pipeline", "test_faults", "test_pipeline_recovery", "test_compile_cpu",
+    "test_embedded", "test_hostile_models", "test_netns", "test_byom", "test_programs",
+    "test_attestation", "test_load", "test_everyday", "test_aoti_check", "test_fuzz_api",
 )
 
 

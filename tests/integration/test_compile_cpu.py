@@ -17,8 +17,7 @@ from farm.build.sandbox import run_isolated
 from farm.build.verify import VerifyReport, verify_artifact
 from farm.core.specs import JobSpec
 
-# One xdist worker runs the module: its tests share one expensive fixture.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("compile_cpu")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TIMEOUT_S = 900
 MEMORY_MB = 12000

@@ -35,8 +35,7 @@ from tests.fixtures.farm import ADMIN_TOKEN, ROOT, _wait_http, free_port
 from tests.fixtures.faults import FaultFarm, MakeFarm, farm_spec
 from tests.slowdown import scaled
 
-# One xdist worker runs the module: its tests share one expensive fixture.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("faults")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TRACE_TIMEOUT_S = scaled(30)
 

@@ -26,8 +26,7 @@ from tests.fixtures.farm import ADMIN_TOKEN
 from tests.fixtures.faults import FaultFarm, MakeFarm
 from tests.integration.test_api import CPU, make_artifact, row_counts, spec_json
 
-# One xdist worker runs the module: its tests share one expensive fixture.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("fuzz_api")]
+pytestmark = pytest.mark.integration
 
 MAX_EXAMPLES = 25  # per operation and phase: about 1,200 requests, 20 s here
 SEED = 1

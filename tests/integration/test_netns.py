@@ -30,8 +30,7 @@ from tests.fixtures.faults import (
     netns_unavailable,
 )
 
-# One xdist worker runs the module: its tests share one expensive fixture.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("netns")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 HOSTS = ("trace", "compile-a", "compile-b")
 
