@@ -12,6 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from farm.core.elf import LIBSTDCXX_VERSION_RE, libstdcxx_versions
 from farm.core.specs import (
     CompileOptions,
     GradMode,
@@ -64,6 +65,8 @@ def artifact_to_record(row: models.Artifact) -> ArtifactRecord:
             first_call_s=row.first_call_s,
             load_s=row.load_s,
             signature=row.signature,
+            cxx=row.cxx,
+            libstdcxx_needs=tuple(str(v) for v in row.libstdcxx_needs or ()),
             attestation=row.attestation,
             created_at=row.created_at,
             meta=dict(row.meta or {}),
@@ -81,6 +84,22 @@ def artifact_to_record(row: models.Artifact) -> ArtifactRecord:
     return record
 
 
+def _text_or_none(value: Any, limit: int) -> str | None:
+    return value[:limit] if isinstance(value, str) and value else None
+
+
+def _versions(value: Any) -> list[str]:
+    """libstdc++ symbol versions as a compile worker records them; anything
+    else is refused rather than stored (the resolver trusts this column)."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(v, str) and LIBSTDCXX_VERSION_RE.match(v) for v in value
+    ):
+        raise ValueError(f"libstdcxx_needs must be a list of GLIBCXX_/CXXABI_ versions: {value!r}")
+    return list(libstdcxx_versions(value))
+
+
 def artifact_row(
     *,
     digest: str,
@@ -96,8 +115,12 @@ def artifact_row(
     """A new artifact row with its build key and target columns derived, not typed.
 
     ``extra`` sets the remaining columns (``verified``, ``max_abs_err``,
-    ``signature``, ``meta``, ...).
+    ``signature``, ``meta``, ...). The compiler columns (``cxx``,
+    ``libstdcxx_needs``) come from the compile worker's ``meta`` unless given.
     """
+    meta = extra.get("meta") or {}
+    extra.setdefault("cxx", _text_or_none(meta.get("cxx"), 256))
+    extra.setdefault("libstdcxx_needs", _versions(meta.get("libstdcxx_needs")))
     if format not in FORMATS:
         raise ValueError(f"unknown artifact format {format!r}; known: {', '.join(FORMATS)}")
     target_text = str(target)

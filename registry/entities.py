@@ -42,6 +42,10 @@ class ArtifactRecord:
     signature: str | None = None  # legacy: base64 Ed25519 over digest + metadata
     # The build statement (DSSE envelope JSON) the compile worker signed.
     attestation: str | None = None
+    # The compiler that built it, and the libstdc++ symbol versions (GLIBCXX_*,
+    # CXXABI_*) its shared library needs from the node (AOTI packages only).
+    cxx: str | None = None
+    libstdcxx_needs: tuple[str, ...] = ()
     created_at: datetime | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -64,6 +68,8 @@ class ArtifactRecord:
             "first_call_s": self.first_call_s,
             "load_s": self.load_s,
             "signature": self.signature,
+            "cxx": self.cxx,
+            "libstdcxx_needs": list(self.libstdcxx_needs),
             "created_at": self.created_at.isoformat() if self.created_at else None,
             "meta": self.meta,
         }

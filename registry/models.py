@@ -230,6 +230,11 @@ class Artifact(Base):
     cuda_version: Mapped[str | None] = mapped_column(String(16), nullable=True)
     cpu_isa: Mapped[str | None] = mapped_column(String(32), nullable=True)
     threads: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The C++ compiler the build ran (path and --version; farm.build.toolchain)
+    # and, for an AOTI package, the GLIBCXX_/CXXABI_ symbol versions its .so
+    # needs: a node whose libstdc++ lacks one cannot load it.
+    cxx: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    libstdcxx_needs: Mapped[list[str] | None] = mapped_column(JSON, nullable=True, default=list)
     verified: Mapped[bool] = mapped_column(Boolean, default=False)
     first_call_compiles: Mapped[bool] = mapped_column(Boolean, default=False)
     max_abs_err: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -49,6 +49,13 @@ breaks (``Rejection.code`` names the rule, ``Rejection.reason`` is one of the
                     runs exactly that many (it is guarded and baked into CPU code
                     as ``num_threads(N)``). One that records none is accepted:
                     nothing to compare, and a mismatch fails a guard loudly.
+11b. ``libstdcxx``  an artifact whose shared library needs libstdc++ symbol
+                    versions (``libstdcxx_needs``: GLIBCXX_*, CXXABI_*; AOTI
+                    packages record them) needs a node whose libstdc++ provides
+                    every one (``libstdcxx``, reported by the node from its own
+                    libstdc++'s ELF version definitions); the dynamic loader
+                    would refuse it (``version `GLIBCXX_3.4.32' not found``). A
+                    node that reports nothing is not held to it (older nodes).
 
     What the artifact is for:
 
@@ -85,10 +92,11 @@ Preference among the accepted, best first (``Resolution.accepted``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
+from farm.core.elf import libstdcxx_versions, missing_versions
 from farm.core.specs import (
     COMPILE_MODES,
     GUARD_FILTERS,
@@ -114,6 +122,7 @@ GPU = "gpu"
 CAPABILITY = "capability"
 ISA = "isa"
 THREADS = "threads"
+LIBSTDCXX = "libstdcxx"
 GRAD_MODE = "grad_mode"
 OPTIONS = "options"
 INPUTS = "inputs"
@@ -129,6 +138,7 @@ CODES: tuple[str, ...] = (
     CAPABILITY,
     ISA,
     THREADS,
+    LIBSTDCXX,
     GRAD_MODE,
     OPTIONS,
     INPUTS,
@@ -174,6 +184,10 @@ MSG_THREADS = (
     "guarded and baked into CPU code"
 )
 MSG_THREADS_NODE_UNKNOWN = "built for {artifact} threads, the node does not report its thread count"
+MSG_LIBSTDCXX = (
+    "its shared library needs {missing} from libstdc++ (built with {cxx}), which the "
+    "node's libstdc++ lacks (newest it has: {newest}); the dynamic loader refuses it"
+)
 MSG_GRAD_MODE = "compiled for grad mode {artifact}, requested {requested}; guards pin it"
 MSG_OPTIONS = "compiled with options {artifact}, requested {requested}"
 MSG_INPUTS = "input specs {artifact} do not cover the requested {requested}"
@@ -220,6 +234,7 @@ def check(
     grad_mode: GradMode,
     options: CompileOptions | None = None,
     formats: Sequence[str] | None = None,
+    libstdcxx: Collection[str] | None = None,
 ) -> tuple[str, str] | None:
     """``(code, reason)`` for the first rule ``artifact`` breaks, or None if it loads."""
     a = artifact.target
@@ -269,6 +284,13 @@ def check(
         if target.threads is None:
             return THREADS, MSG_THREADS_NODE_UNKNOWN.format(artifact=a.threads)
         return THREADS, MSG_THREADS.format(artifact=a.threads, node=target.threads)
+    if libstdcxx is not None and artifact.libstdcxx_needs:
+        missing = missing_versions(artifact.libstdcxx_needs, libstdcxx)
+        if missing:
+            glibcxx = [v for v in libstdcxx_versions(libstdcxx) if v.startswith("GLIBCXX_")]
+            return LIBSTDCXX, MSG_LIBSTDCXX.format(
+                missing=", ".join(missing), cxx=artifact.cxx or "an unrecorded compiler",
+                newest=glibcxx[-1] if glibcxx else "none")
 
     if artifact.grad_mode != grad_mode:
         return GRAD_MODE, MSG_GRAD_MODE.format(artifact=artifact.grad_mode, requested=grad_mode)
@@ -343,12 +365,15 @@ def resolve(
     grad_mode: GradMode,
     options: CompileOptions | None = None,
     formats: Sequence[str] | None = None,
+    libstdcxx: Collection[str] | None = None,
 ) -> Resolution:
     """Split ``candidates`` into what ``target`` can load (best first) and the rest, with reasons.
 
     ``target`` is the node's own target for the device it will run on;
     ``inputs`` may hold dynamic ranges, which an artifact must cover whole.
     ``formats`` restricts the formats the node can load; it does not reorder them.
+    ``libstdcxx`` is the set of GLIBCXX_/CXXABI_ versions the node's libstdc++
+    provides (``farm.core.elf.libstdcxx_provides``); None: not reported.
     """
     if isinstance(formats, str):
         raise ValueError(f"formats must be a sequence of format names, got {formats!r}")
@@ -368,6 +393,7 @@ def resolve(
             grad_mode=grad_mode,
             options=options,
             formats=formats,
+            libstdcxx=libstdcxx,
         )
         if problem is None:
             accepted.append(artifact)

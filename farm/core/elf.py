@@ -19,6 +19,7 @@ Two facts the farm needs from it:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import struct
@@ -30,7 +31,7 @@ from pathlib import Path
 LIBSTDCXX = "libstdc++.so.6"
 # The symbol-version namespaces of libstdc++ (GLIBCXX_3.4.21, CXXABI_1.3.13,
 # and the TM and floating-point ones such as CXXABI_FLOAT128).
-_LIBSTDCXX_VERSION_RE = re.compile(r"^(GLIBCXX|CXXABI)_[A-Za-z0-9_.]+$")
+LIBSTDCXX_VERSION_RE = re.compile(r"^(GLIBCXX|CXXABI)_[A-Za-z0-9_.]+$")
 
 _SHT_DYNAMIC = 6
 _SHT_GNU_VERDEF = 0x6FFFFFFD
@@ -69,7 +70,7 @@ class ElfLinkage:
 def libstdcxx_versions(names: Iterable[str]) -> tuple[str, ...]:
     """The libstdc++ symbol versions among ``names``, deduplicated and sorted
     in version order (GLIBCXX_3.4.9 before GLIBCXX_3.4.10)."""
-    return tuple(sorted({n for n in names if _LIBSTDCXX_VERSION_RE.match(n)}, key=version_key))
+    return tuple(sorted({n for n in names if LIBSTDCXX_VERSION_RE.match(n)}, key=version_key))
 
 
 def version_key(name: str) -> tuple[object, ...]:
@@ -260,6 +261,13 @@ def libstdcxx_provides(path: str | None = None) -> tuple[str, ...]:
         return ()
 
 
+@functools.cache
+def process_libstdcxx() -> tuple[str, ...]:
+    """``libstdcxx_provides()`` of this process, read once (what a fleet node
+    reports with every resolve: a millisecond, no compiler)."""
+    return libstdcxx_provides()
+
+
 def _first_loaded_or_none(name: str) -> str | None:
     """Load ``name`` with the dynamic loader and return the path it mapped."""
     import ctypes
@@ -281,6 +289,7 @@ def describe(data: bytes) -> str:
 
 __all__ = [
     "LIBSTDCXX",
+    "LIBSTDCXX_VERSION_RE",
     "ElfError",
     "ElfLinkage",
     "describe",
@@ -291,5 +300,6 @@ __all__ = [
     "package_libraries",
     "package_linkage",
     "parse_elf",
+    "process_libstdcxx",
     "read_elf",
 ]

@@ -473,6 +473,7 @@ class FarmClient:
         cache (``farm prefetch`` puts them there)."""
         import json
 
+        from farm.core.elf import process_libstdcxx
         from farm.node.verify import NodeRequest
 
         specs = as_input_specs(inputs)
@@ -493,6 +494,11 @@ class FarmClient:
             params.append(("format", f))
         if options:
             params.append(("options", json.dumps(dict(options), sort_keys=True)))
+        # What this node's libstdc++ provides: the farm refuses an AOTI
+        # package whose library needs a symbol version it lacks.
+        provides = process_libstdcxx()
+        if provides:
+            params.append(("libstdcxx", ",".join(provides)))
         try:
             answer = dict(self._request("GET", "/v1/resolve", params=params))
         except FarmUnavailable:

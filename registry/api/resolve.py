@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from farm.core.elf import LIBSTDCXX_VERSION_RE
 from farm.core.specs import (
     CompileOptions,
     GradMode,
@@ -107,6 +108,16 @@ def parse_formats(formats: list[str] | None) -> list[str] | None:
     return formats
 
 
+def parse_libstdcxx(text: str | None) -> frozenset[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not LIBSTDCXX_VERSION_RE.match(n)]
+    if bad:
+        raise SpecError(f"libstdcxx: not GLIBCXX_/CXXABI_ versions: {', '.join(bad[:5])}")
+    return frozenset(names)
+
+
 def attestation_of(record: ArtifactRecord, bindings: dict[str, Any] | None) -> dict[str, Any]:
     """The envelopes a node checks before loading, as they were stored."""
     build = None
@@ -158,12 +169,17 @@ async def resolve(
                                                description="formats the node can load")] = None,
     options: Annotated[str | None, Query(max_length=512,
                                          description="compile options as JSON")] = None,
+    libstdcxx: Annotated[str | None, Query(
+        max_length=4096,
+        description="the GLIBCXX_/CXXABI_ symbol versions the node's libstdc++ provides, "
+                    "comma-separated; an AOTI package needing one it lacks is refused")] = None,
 ) -> JSONResponse:
     specs = parse_inputs(inputs)
     node = Target.parse(target)
     mode = parse_grad_mode(grad_mode)
     opts = parse_options(options)
     wanted = parse_formats(formats)
+    provides = parse_libstdcxx(libstdcxx)
 
     key = (model, ref)
     hit, cached = state.candidates.peek(key)
@@ -178,7 +194,7 @@ async def resolve(
         return JSONResponse({"detail": cached, "rejections": []}, status_code=404)
     assert isinstance(cached, Candidates)
     result = resolver.resolve(cached.records, target=node, inputs=specs, grad_mode=mode,
-                              options=opts, formats=wanted)
+                              options=opts, formats=wanted, libstdcxx=provides)
     if result.best is None:
         metrics.resolves.labels("miss").inc()
         rejections = [
