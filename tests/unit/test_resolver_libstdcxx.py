@@ -18,8 +18,8 @@ NODE = Target(device="cuda", python_version="3.12.3", torch_version="2.11.0+cu13
               gpu_name="NVIDIA H200", capability="9.0", cuda_version="13.0",
               triton_version="3.6")
 # Ubuntu 24.04's libstdc++ (gcc 14) defines up to GLIBCXX_3.4.33; Debian 12's up to .30.
-UBUNTU = tuple(f"GLIBCXX_3.4.{n}" for n in range(1, 34)) + ("GLIBCXX_3.4",) + tuple(
-    f"CXXABI_1.3.{n}" for n in range(1, 16)) + ("CXXABI_1.3",)
+UBUNTU = ("GLIBCXX_3.4", *(f"GLIBCXX_3.4.{n}" for n in range(1, 34)),
+          "CXXABI_1.3", *(f"CXXABI_1.3.{n}" for n in range(1, 16)))
 DEBIAN = tuple(v for v in UBUNTU if v not in {f"GLIBCXX_3.4.{n}" for n in (31, 32, 33)})
 H200_NEEDS = ("CXXABI_1.3", "CXXABI_1.3.9", "GLIBCXX_3.4", "GLIBCXX_3.4.21", "GLIBCXX_3.4.30")
 
@@ -37,7 +37,7 @@ def run(cands: list[ArtifactRecord], provides: tuple[str, ...] | None) -> resolv
 
 
 def test_a_package_needing_a_newer_libstdcxx_is_refused_with_the_versions() -> None:
-    newer = art(1, H200_NEEDS + ("GLIBCXX_3.4.32",))
+    newer = art(1, (*H200_NEEDS, "GLIBCXX_3.4.32"))
     fallback = art(2, (), fmt="aot_compile")
     res = run([newer, fallback], DEBIAN)
     assert res.accepted == [fallback]
