@@ -7,6 +7,7 @@ its signature before it runs."""
 from __future__ import annotations
 
 import pytest
+import torch
 from torch import nn
 
 from farm.core import fingerprint as fp
@@ -19,6 +20,9 @@ class TwinA(nn.Module):
     def __init__(self, dim: int = 4) -> None:
         super().__init__()
         self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
 
 
 class TwinB(TwinA):
@@ -74,3 +78,18 @@ def test_kwargs_the_factory_cannot_take_fail_before_it_runs() -> None:
     assert isinstance(ok, TwinA)
     with pytest.raises(ModelBuildError, match=r"cannot take kwargs \{'dimm': 3\}.*make\(dim"):
         build_module(ModelRef(f"{__name__}:make", {"dimm": 3}))
+
+
+def test_the_compile_stage_refuses_a_graph_the_trace_did_not_fingerprint() -> None:
+    from farm.build.steps import GraphMismatch, check_graph
+    from farm.build.trace import trace
+    from farm.core.specs import JobSpec
+
+    spec = JobSpec(name="m", version="1", model=ModelRef(f"{__name__}:make", {"dim": 4}),
+                   inputs=parse_inputs(["float32[2,4]"]), code_digest="c" * 64)
+    traced = trace(spec)
+    code = check_graph(spec, traced.fingerprint)
+    assert code["model_class"] == f"{__name__}.TwinA" and code["code_digest"] == "c" * 64
+    # What a factory that builds differently in the compile worker would give.
+    with pytest.raises(GraphMismatch, match="not the graph the trace fingerprinted"):
+        check_graph(spec, "0" * 64)
