@@ -89,3 +89,17 @@ def test_rows_take_the_compiler_columns_from_the_workers_meta() -> None:
         artifact_row(digest="a" * 64, size=1, format="aoti", fingerprint="f" * 64,
                      inputs=INPUTS, grad_mode=GradMode.INFERENCE, options=CompileOptions(),
                      target=NODE, meta={"libstdcxx_needs": ["GLIBC_2.34; DROP TABLE"]})
+
+
+def test_the_api_parses_what_a_node_reports() -> None:
+    from farm.core.elf import process_libstdcxx
+    from farm.core.specs import SpecError
+    from registry.api.resolve import parse_libstdcxx
+
+    assert parse_libstdcxx(None) is None
+    assert parse_libstdcxx("GLIBCXX_3.4,CXXABI_1.3.9, GLIBCXX_3.4.30") == {
+        "GLIBCXX_3.4", "CXXABI_1.3.9", "GLIBCXX_3.4.30"}
+    # What this process would send: every entry passes.
+    assert parse_libstdcxx(",".join(process_libstdcxx())) == set(process_libstdcxx())
+    with pytest.raises(SpecError, match="not GLIBCXX_/CXXABI_ versions"):
+        parse_libstdcxx("GLIBCXX_3.4,GLIBC_2.34")
