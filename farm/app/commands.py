@@ -131,10 +131,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     else:
         print("\n".join(_job_lines(view)))
     if view.get("state") != "succeeded":
-        if not args.json:
-            # The lines above said why; once is enough.
-            raise CommandFailed(f"job {view.get('id')} {view.get('state')} (the error is above; "
-                                f"`farm status {view.get('id')} --log` has the whole log)")
+        # On stderr, for whoever reads only that: the same short line as above.
         failed = [b for b in view.get("builds") or [] if b.get("state") not in
                   ("succeeded", "reused")]
         why = concise_error(view.get("error") or next(
