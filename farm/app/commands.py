@@ -23,6 +23,7 @@ from farm.app.console import (
     _print_json,
     _short_target,
     concise_error,
+    stages,
 )
 from farm.core.specs import (
     CompileOptions,
@@ -141,6 +142,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+WATCH_HEARTBEAT_S = 30.0
+
+
 def _watch(client: Any, job_id: str, timeout: float | None) -> dict[str, Any]:
     """Wait for a job with progress on stderr. Ctrl-C or ``--timeout`` stop the
     watching, not the job: both say so and how to watch it again."""
@@ -148,8 +152,27 @@ def _watch(client: Any, job_id: str, timeout: float | None) -> dict[str, Any]:
 
     again = f"`farm status {job_id} --wait` watches it again"
     progress = Progress()
+    started = last_change = time.monotonic()
+    last: list[tuple[str, str]] = []
+
+    def on_progress(view: dict[str, Any]) -> None:
+        # Piped, a compile says nothing for minutes between stage changes: a
+        # line every HEARTBEAT_S says the watch (and the build) is alive.
+        nonlocal last, last_change
+        progress(view)
+        now, current = time.monotonic(), stages(view)
+        if current != last:
+            last, last_change = current, now
+        elif not progress.tty and now - last_change >= WATCH_HEARTBEAT_S:
+            last_change = now
+            busy = [f"{what}: {stage}" for what, stage in current[1:]
+                    if stage not in ("succeeded", "failed", "reused")] or [
+                        f"{what}: {stage}" for what, stage in current[:1]]
+            print(f"{'; '.join(busy)}  still, {now - started:.0f}s", file=sys.stderr,
+                  flush=True)
+
     try:
-        return dict(client.wait(job_id, timeout, on_progress=progress))
+        return dict(client.wait(job_id, timeout, on_progress=on_progress))
     except KeyboardInterrupt:
         progress.finish()
         print(f"\nfarm: stopped watching; job {job_id} goes on on the farm; {again}",

@@ -479,3 +479,18 @@ def test_embedded_farm_prints_its_url_once_it_can_take_a_job(served: Served) -> 
     assert done == [True]
     assert f"ready on {served.url}" in out.getvalue()
     assert f"export FARM_URL={served.url}" in out.getvalue()
+
+
+def test_piped_watch_says_it_is_alive_between_stages(served: Served,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compile runs for minutes in one stage: piped output must not go silent."""
+    from farm.app import commands
+
+    monkeypatch.setattr(commands, "WATCH_HEARTBEAT_S", 1.0)
+    job_id = _running_job(served.db)
+    key = service.job_view(served.db, job_id)["builds"][0]["build_key"]
+    service.set_build_stage(served.db, key, "compiling")
+    code, _, err = served.farm("status", job_id, "--wait", "--timeout", "4")
+    assert code == 1  # it stopped watching; the job goes on
+    still = [ln for ln in err.splitlines() if "still," in ln]
+    assert still and "compiling" in still[0], err
