@@ -30,7 +30,9 @@ def choose_targets(selectors: Sequence[str], live: Sequence[Target]) -> list[Tar
         if not live:
             raise InvalidRequest(
                 "no compile workers are live, so no target can be chosen; "
-                "start one with `farm worker compile` or name a full target"
+                "start one with `farm worker compile` or name a full target (a farm that "
+                "has just started may still be starting its worker: GET /readyz says when "
+                "it can take a job)"
             )
         return sorted(set(live), key=str)
     chosen: set[Target] = set()
