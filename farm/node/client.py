@@ -365,10 +365,14 @@ class FarmClient:
             delay = min(poll_s, delay * 2)
 
     def models(self) -> list[dict[str, Any]]:
+        """Every model with its versions (entrypoint, kwargs, artifact count) and
+        aliases (``farm models``)."""
         body = self._request("GET", "/v1/models")
         return list(body.get("models", []) if isinstance(body, dict) else body)
 
     def set_alias(self, model: str, alias: str, version: str) -> dict[str, Any]:
+        """Point ``model@alias`` at ``version`` (``farm alias set``): promote, or
+        roll back; the answer's ``previous`` is where it pointed before."""
         return dict(self._request(
             "PUT", f"/v1/models/{quote(model, safe='')}/aliases/{quote(alias, safe='')}",
             json={"version": version}))
@@ -378,6 +382,7 @@ class FarmClient:
         return dict(self._request("POST", "/v1/tokens", json={"name": name, "role": role}))
 
     def targets(self) -> Any:
+        """Targets with live compile workers (``farm targets``)."""
         return self._request("GET", "/v1/targets")
 
     def ready(self) -> dict[str, Any]:
