@@ -28,7 +28,10 @@ def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "bin"
     d.mkdir()
     monkeypatch.setenv("PATH", str(d))
-    monkeypatch.delenv("CXX", raising=False)
+    # Set, then removed: monkeypatch then restores the variable's absence too,
+    # after use_compiler set it.
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.delenv("CXX")
     monkeypatch.setenv("FARM_AOTI_CHECK_CACHE", str(tmp_path / "aoti-check.json"))
     monkeypatch.setattr(toolchain, "_current", None)
     return d
@@ -149,15 +152,18 @@ def test_the_chosen_compiler_becomes_the_process_and_its_childrens(
     import torch._inductor.config as config
 
     gxx = fake_compiler(bin_dir, "g++")
-    monkeypatch.setattr(config.cpp, "cxx", config.cpp.cxx)
+    before = config.cpp.cxx
     monkeypatch.setattr(aoti_check, "compiler_for", toolchain.compiler_for)
     monkeypatch.setattr("farm.build.aoti_check.probe_compiler", lambda d, c: Probe("ok"))
     assert aoti_check.aoti_loads_here("cpu") == (True, "ok")
-    assert os.environ["CXX"] == gxx
-    assert config.cpp.cxx == (None, gxx)
-    from farm.build.steps import compile_env
+    try:
+        assert os.environ["CXX"] == gxx
+        assert config.cpp.cxx == (None, gxx)
+        from farm.build.steps import compile_env
 
-    assert compile_env("/tmp/b")["CXX"] == gxx
+        assert compile_env("/tmp/b")["CXX"] == gxx
+    finally:
+        config.cpp.cxx = before
 
 
 def test_no_passing_compiler_says_why(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
