@@ -9,7 +9,8 @@ breaks (``Rejection.code`` names the rule, ``Rejection.reason`` is one of the
 ``MSG_*`` format strings below, filled in):
 
  1. ``format``      the artifact's format is known and, when ``formats`` is given,
-                    among them.
+                    among them (the reason then adds why its build has none of
+                    the requested formats, when the build recorded it).
  2. ``unverified``  the build worker loaded it in a fresh process and it matched
                     eager (``verified``).
  3. ``device``      it was built for the device the node asks for. torch itself
@@ -60,8 +61,9 @@ breaks (``Rejection.code`` names the rule, ``Rejection.reason`` is one of the
     What the artifact is for:
 
 12. ``grad_mode``   grad mode equal: guards pin it.
-13. ``options``     when ``options`` is given, mode, backend and guard filter all
-                    equal. When it is None, any options are accepted (see the order).
+13. ``options``     when ``options`` is given, mode, backend, guard filter and
+                    disable_guard_check all equal. When it is None, any options
+                    are accepted (see the order).
 14. ``inputs``      the artifact's input specs cover the requested ones
                     (``farm.core.specs.inputs_cover``): same count, dtypes and ranks,
                     and every requested dim, static or a range, inside the
@@ -98,6 +100,7 @@ from datetime import datetime, timedelta, timezone
 
 from farm.core.elf import libstdcxx_versions, missing_versions
 from farm.core.specs import (
+    BACKENDS,
     COMPILE_MODES,
     GUARD_FILTERS,
     CompileOptions,
@@ -148,6 +151,9 @@ CODES: tuple[str, ...] = (
 # whose wording assumes a value (those cases have their own message).
 MSG_UNKNOWN_FORMAT = "unknown format {format!r}; known: {known}"
 MSG_FORMAT = "format {format!r} is not among the requested formats: {wanted}"
+# Appended to MSG_FORMAT when the build recorded why it has no such format.
+MSG_FORMAT_FAILED = "its build's {format} failed at {stage}: {reason}"
+MSG_FORMAT_SKIPPED = "its build has no {format}: {reason}"
 MSG_UNVERIFIED = (
     "failed verification: the build worker could not load it in a fresh process and match eager"
 )
@@ -241,7 +247,8 @@ def check(
     if artifact.format not in FORMATS:
         return FORMAT, MSG_UNKNOWN_FORMAT.format(format=artifact.format, known=", ".join(FORMATS))
     if formats is not None and artifact.format not in formats:
-        return FORMAT, MSG_FORMAT.format(format=artifact.format, wanted=", ".join(formats))
+        reason = MSG_FORMAT.format(format=artifact.format, wanted=", ".join(formats))
+        return FORMAT, reason + _missing_formats(artifact, formats)
     if not artifact.verified:
         return UNVERIFIED, MSG_UNVERIFIED
     if a.device != target.device:
@@ -306,6 +313,22 @@ def check(
     return None
 
 
+def _missing_formats(artifact: ArtifactRecord, formats: Sequence[str]) -> str:
+    """Why this artifact's build has none of the requested formats, from what
+    its compile worker recorded (``formats_failed``, ``formats_skipped``)."""
+    failed = artifact.meta.get("formats_failed") or {}
+    skipped = artifact.meta.get("formats_skipped") or {}
+    notes = []
+    for fmt in formats:
+        why = failed.get(fmt)
+        if isinstance(why, dict):
+            notes.append(MSG_FORMAT_FAILED.format(format=fmt, stage=why.get("stage"),
+                                                  reason=why.get("reason")))
+        elif fmt in skipped:
+            notes.append(MSG_FORMAT_SKIPPED.format(format=fmt, reason=skipped[fmt]))
+    return "".join(f"; {n}" for n in notes)
+
+
 def _index(seq: Sequence[str], value: str) -> int:
     return seq.index(value) if value in seq else len(seq)
 
@@ -349,7 +372,10 @@ def preference_key(artifact: ArtifactRecord) -> tuple[object, ...]:
             opts != CompileOptions(),
             _index(COMPILE_MODES, opts.mode),
             _index(GUARD_FILTERS, opts.guard_filter),
-            opts.backend,
+            # inductor (generated code) before the debugging backends.
+            _index(BACKENDS, opts.backend),
+            # Guards checked before guards skipped.
+            opts.disable_guard_check,
         ),
         _served(artifact.inputs),
         age,

@@ -228,6 +228,9 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         new: list[service.NewArtifact] = []
         logs: list[str] = [f"compiled in {compile_s:.1f} s"]
         failures: list[str] = []
+        # Formats that compiled but failed verification: recorded on the
+        # artifacts that are kept, so the job view and the resolver say so.
+        verify_failed: dict[str, dict[str, str]] = {}
         for art in res.value["artifacts"]:
             path = Path(art["path"])
             _stage(db, build_key, f"verifying {art['format']}")
@@ -249,6 +252,8 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                 # another that loads and matches; the build fails only when
                 # no format is left.
                 failures.append(f"{art['format']} artifact failed verification: {report.error}")
+                verify_failed[art["format"]] = {
+                    "stage": "verify", "reason": (report.error or "").splitlines()[0][:500]}
                 continue
             # Blob first, row second: a row never points at a missing blob.
             _stage(db, build_key, f"storing {art['format']}")
@@ -280,6 +285,14 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
             )
             return
         logs += [f"dropped: {f}" for f in failures]
+        first_meta = (res.value["artifacts"][0].get("meta") or {}) if res.value["artifacts"] else {}
+        logs += [f"{fmt} FAILED at compile: {why['reason']}"
+                 for fmt, why in (first_meta.get("formats_failed") or {}).items()]
+        logs += [f"no {fmt}: {why}"
+                 for fmt, why in (first_meta.get("formats_skipped") or {}).items()]
+        if verify_failed:
+            for a in new:
+                a.meta.setdefault("formats_failed", {}).update(verify_failed)
         service.finish_compile(
             db,
             build_key,

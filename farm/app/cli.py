@@ -30,7 +30,9 @@ from farm.app.console import (
     _first_line,
 )
 from farm.core.specs import (
+    BACKENDS,
     COMPILE_MODES,
+    GUARD_FILTERS,
     SpecError,
     TensorSpec,
 )
@@ -169,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target or selector to build for (repeatable); default: every live "
                         "target")
     p.add_argument("--mode", choices=COMPILE_MODES, default="default", help="compile mode")
+    p.add_argument("--backend", choices=BACKENDS, default="inductor",
+                   help="torch.compile backend (eager, aot_eager: no code generated, for "
+                        "debugging a build; AOTI packages need inductor)")
+    p.add_argument("--guard-filter", choices=GUARD_FILTERS, default="drop-unserializable",
+                   help="which guards the artifact keeps")
+    p.add_argument("--disable-guard-check", action="store_true",
+                   help="the loaded artifact skips its guard check (recorded on the artifact; "
+                        "a call with other shapes is then not refused)")
     p.add_argument("--train", action="store_true", help="build for training (grad enabled)")
     p.add_argument("--function", action="store_true",
                    help="ENTRYPOINT is a free function compiled as it is, not a factory")

@@ -103,7 +103,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
                            kind="function" if args.function else "factory"),
             inputs=tuple(args.inputs),
             grad_mode=GradMode.TRAINING if args.train else GradMode.INFERENCE,
-            options=CompileOptions(mode=args.mode),
+            options=CompileOptions(mode=args.mode, backend=args.backend,
+                                   guard_filter=args.guard_filter,
+                                   disable_guard_check=args.disable_guard_check),
             targets=tuple(args.targets),
         )
     except SpecError as exc:

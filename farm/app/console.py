@@ -175,7 +175,12 @@ def _job_lines(view: dict[str, Any], *, with_log: bool = False) -> list[str]:
             bits.append(f"max abs err {b['max_abs_err']:.2g}")
         if b.get("first_call_compiles"):
             bits.append("FIRST CALL STILL COMPILES")
+        for fmt, why in sorted((b.get("formats_failed") or {}).items()):
+            bits.append(f"{fmt.upper()} FAILED at {why.get('stage')}: "
+                        f"{concise_error(str(why.get('reason') or ''))[:200]}")
         lines.append(f"  {b.get('target')}: {', '.join(bits)}")
+        for fmt, why in sorted((b.get("formats_skipped") or {}).items()):
+            lines.append(f"    no {fmt}: {concise_error(str(why))[:200]}")
         error = _first_line(b.get("error") or "")
         if error and view.get("error") and error.startswith("trace failed"):
             # The job's own error line above says it once; each build only

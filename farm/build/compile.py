@@ -94,14 +94,27 @@ class CompiledArtifact:
 CHECK_AOTI = "check"
 
 
-def aoti_unavailable_reason(spec: JobSpec, device: str) -> str | None:
-    """Why a default build of ``spec`` for ``device`` gets no AOTI package
-    (None: it gets one). AOTI is inference-only, and it is only built where
-    packages built on this host load here (``farm.build.aoti_check``: on the H200
-    image they crash at load; a version gate was wrong, since the same torch
-    builds loadable packages elsewhere)."""
+def aoti_not_applicable(spec: JobSpec) -> str | None:
+    """Why ``spec`` asks for something an AOTI package cannot be (None: it can)."""
     if spec.grad_mode is not GradMode.INFERENCE:
         return "AOTI packages are inference-only"
+    if spec.options.backend != "inductor":
+        # torch.export + AOTInductor is Inductor code generation; an eager or
+        # aot_eager build has no generated code to package.
+        return (f"AOTI packages are Inductor builds; backend {spec.options.backend!r} "
+                "generates no code to package (use backend inductor for one)")
+    return None
+
+
+def aoti_unavailable_reason(spec: JobSpec, device: str) -> str | None:
+    """Why a default build of ``spec`` for ``device`` gets no AOTI package
+    (None: it gets one). AOTI is inference-only and Inductor-only, and it is only
+    built where packages built on this host load here (``farm.build.aoti_check``:
+    on the H200 image they crash at load; a version gate was wrong, since the
+    same torch builds loadable packages elsewhere)."""
+    why = aoti_not_applicable(spec)
+    if why is not None:
+        return why
     from farm.build.aoti_check import aoti_loads_here
 
     try:
@@ -133,19 +146,25 @@ def compile_artifacts(
     """
     explicit = formats is not None
     skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}  # a format that was to be built and could not be
     if formats is not None:
         wanted = tuple(formats)
     else:
         no_aoti = (aoti_unavailable_reason(spec, target_device)
                    if aoti_unavailable == CHECK_AOTI else aoti_unavailable)
         wanted = (FORMAT_AOT_COMPILE,) if no_aoti else (FORMAT_AOT_COMPILE, FORMAT_AOTI)
-        if no_aoti and spec.grad_mode is GradMode.INFERENCE:
+        if no_aoti:
+            # Recorded even where it is by design (training, another backend):
+            # the build summary says why there is no AOTI package rather than
+            # leaving it out silently.
             skipped[FORMAT_AOTI] = no_aoti
     unknown = [f for f in wanted if f not in ARTIFACT_FILES]
     if unknown:
         raise CompileError(f"unknown formats {unknown}; known: {', '.join(ARTIFACT_FILES)}")
     if FORMAT_AOTI in wanted and spec.grad_mode is GradMode.TRAINING:
         raise CompileError("an AOTI package is inference-only: it has no backward")
+    if FORMAT_AOTI in wanted and spec.options.backend != "inductor":
+        raise CompileError(str(aoti_not_applicable(spec)))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     enable_aot_compile()
@@ -178,6 +197,7 @@ def compile_artifacts(
                 raise
             log.warning("no AOTI package for %s: %s", spec.name, exc)
             skipped[fmt] = str(exc)
+            failed[fmt] = str(exc)
             continue
         meta = {
             **common,
@@ -191,6 +211,13 @@ def compile_artifacts(
     if skipped:
         for art in out:
             art.meta["aoti_skipped"] = skipped.get(FORMAT_AOTI)
+            # What was to be built and failed ({format: {"stage", "reason"}};
+            # the worker adds the verifier's, stage "verify"), apart from what
+            # is not built by design or because this host cannot (skipped).
+            art.meta["formats_failed"] = {
+                fmt: {"stage": "compile", "reason": why} for fmt, why in failed.items()}
+            art.meta["formats_skipped"] = {
+                fmt: why for fmt, why in skipped.items() if fmt not in failed}
     return out
 
 

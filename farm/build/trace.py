@@ -130,6 +130,7 @@ class TraceReport:
     regions: int  # region calls in the captured graph (0 without regions)
     example_shapes: list[list[int]]
     model_class: str = ""  # module.qualname of what the factory built (or the function)
+    returns: str = ""  # the result's type structure (farm.core.fingerprint.return_structure)
     torch_version: str = field(default_factory=lambda: torch.__version__)
 
     def to_json(self) -> dict[str, Any]:
@@ -169,6 +170,7 @@ def trace(spec: JobSpec, *, regions: bool = True) -> TraceReport:
         ghash = fp.graph_hash(gm)
     finally:
         torch.compiler.reset()
+    returns = _return_structure(model, inputs, spec)
 
     params = [t for kind, _, t in tensors if kind == "param"]
     buffers = [t for kind, _, t in tensors if kind == "buffer"]
@@ -182,6 +184,7 @@ def trace(spec: JobSpec, *, regions: bool = True) -> TraceReport:
             entrypoint=spec.model.entrypoint,
             code_digest=spec.code_digest,
             model_class=model_class_name(model),
+            returns=returns,
         ),
         graph_hash=ghash,
         param_count=sum(p.numel() for p in params),
@@ -196,7 +199,29 @@ def trace(spec: JobSpec, *, regions: bool = True) -> TraceReport:
         regions=analysis.region_calls,
         example_shapes=[list(s.shape) for s in spec.inputs],
         model_class=model_class_name(model),
+        returns=returns,
     )
+
+
+def _return_structure(
+    model: nn.Module | Callable[..., Any], inputs: list[torch.Tensor], spec: JobSpec
+) -> str:
+    """What the program returns, by type (``fingerprint.return_structure``).
+
+    Dynamo's graph has only the output tensors, so the program is run once,
+    eagerly on the meta inputs (shapes only: no memory, no arithmetic; a
+    70B-shaped model runs in well under a second). A program that cannot run
+    on meta eagerly gets a structure naming why: its key then still covers
+    the graph and the code, not the return type.
+    """
+    try:
+        with grad_context(spec.grad_mode):
+            out = model(*inputs)
+        return fp.return_structure(out)
+    except Exception as exc:
+        log.info("could not run %s on meta to see what it returns: %s: %s",
+                 spec.model.entrypoint, type(exc).__name__, exc)
+        return f"unknown ({type(exc).__name__})"
 
 
 # --------------------------------------------------------------------------- #

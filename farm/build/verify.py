@@ -4,13 +4,20 @@
 with an empty Inductor (and Triton) cache, and for a CPU AOTI package no C++
 compiler on PATH either: a cold node. The child
 
-1. builds the real model: meta, ``to_empty``, seeded random init
-   (``farm.core.modelref``), in the grad mode the artifact is for;
-2. runs eager on the example inputs (and, for each dynamic dim, one more
-   size in its range) and, for training, a backward with seeded cotangents;
+1. builds the real model: the factory runs on the device under a seeded RNG
+   (``farm.core.modelref.build_real``), so buffers are what the model really
+   computes (a Llama's RoPE ``inv_freq``), in the grad mode the artifact is
+   for;
+2. runs eager on realistic inputs (integers drawn from the spec's declared
+   range, else below the model's embedding size; see ``input_values``) at
+   the example shapes (and, for each dynamic dim, one more size in its
+   range) and, for training, a backward with seeded cotangents;
 3. loads the artifact with that module's weights and runs the same calls;
-4. compares outputs (and every parameter's gradient) within the output
-   dtype's tolerance: ``|compiled - eager| <= atol + rtol * max|eager|``;
+4. compares outputs by value, leaf by leaf (and every parameter's gradient)
+   within the output dtype's tolerance: ``|compiled - eager| <= atol + rtol *
+   max|eager|``, and their structure by type (containers, pytree specs, and a
+   program's own result types with their attributes), never by identity;
+   ``outputs`` holds each leaf's error and tolerance;
 5. watches for compilation during the load and the first call (C++ builds,
    Triton kernel compiles, autotuning benchmarks, Inductor cache misses, new
    compiled files in the cache dir): an artifact whose first call still
@@ -96,6 +103,13 @@ class VerifyReport:
     grad_max_abs_err: float | None = None
     grad_tol: float | None = None
     sizes_checked: list[list[list[int]]] = field(default_factory=list)
+    # Per compared leaf: {"output": path, "dtype", "shape", "max_abs_err",
+    # "tol", "ok"}, worst call of each; gradients are under "grad NAME".
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    # How each input's values were drawn (integer inputs: the range and where
+    # it came from), and how the model was built ("real" or why not).
+    input_values: list[str] = field(default_factory=list)
+    model_init: str | None = None
     eager_steady_call_s: float | None = None
     process_to_first_result_s: float | None = None
     import_s: float | None = None
@@ -111,6 +125,10 @@ class VerifyReport:
         parts = [
             f"ok, max err {_fmt(self.max_abs_err)} <= {_fmt(self.tol)}",
         ]
+        leaves = [o for o in self.outputs if not str(o.get("output", "")).startswith("grad ")]
+        if 1 < len(leaves) <= 4:
+            parts.append("per output " + ", ".join(
+                f"{o['output']} {_fmt(o['max_abs_err'])} <= {_fmt(o['tol'])}" for o in leaves))
         if self.grad_max_abs_err is not None:
             parts.append(f"grad err {_fmt(self.grad_max_abs_err)} <= {_fmt(self.grad_tol)}")
         parts.append(f"load {_fmt(self.load_s)} s")
@@ -198,9 +216,45 @@ def verify_artifact(
 
 def concrete(specs: Sequence[TensorSpec], sizes: Sequence[Sequence[int]]) -> list[TensorSpec]:
     return [
-        TensorSpec(s.dtype, tuple(Dim(n, n) for n in shape))
+        TensorSpec(s.dtype, tuple(Dim(n, n) for n in shape), s.values)
         for s, shape in zip(specs, sizes, strict=True)
     ]
+
+
+_INT = frozenset({"int64", "int32", "int16", "int8", "uint8"})
+
+
+def describe_input_values(specs: Sequence[TensorSpec],
+                          embed: tuple[str, int] | None) -> list[str]:
+    """How each input's values are drawn, for the report."""
+    out = []
+    for s in specs:
+        if s.dtype not in _INT:
+            out.append(f"{s}: {'0 or 1' if s.dtype == 'bool' else 'seeded normal'}")
+        elif s.values is not None:
+            out.append(f"{s}: uniform in {s.values[0]}..{s.values[1]} (declared)")
+        elif embed is not None:
+            out.append(f"{s}: uniform in 0..{embed[1] - 1} (nn.Embedding "
+                       f"{embed[0] or '(root)'}: {embed[1]} entries)")
+        else:
+            out.append(f"{s}: zeros (no range declared and no nn.Embedding; "
+                       "declare one: {LO..HI})")
+    return out
+
+
+def check_value_ranges(specs: Sequence[TensorSpec], embed: tuple[str, int] | None) -> None:
+    """A declared range the model's embedding cannot index fails here, with
+    words, instead of as an index error inside eager."""
+    # With several inputs an integer one need not be token ids (positions,
+    # lengths): only a lone input is known to index the embedding.
+    if embed is None or len(specs) != 1:
+        return
+    for s in specs:
+        if s.values is not None and (s.values[1] >= embed[1] or s.values[0] < 0):
+            raise ValueError(
+                f"input {s} declares values {s.values[0]}..{s.values[1]}, but the model's "
+                f"nn.Embedding {embed[0]!r} has {embed[1]} entries (ids 0..{embed[1] - 1}); "
+                f"the range is inclusive: declare {{0..{embed[1] - 1}}}")
 
 
 def check_sizes(specs: Sequence[TensorSpec]) -> list[list[list[int]]]:
@@ -230,7 +284,15 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.utils._pytree as pytree
 
-    from farm.core.modelref import apply_grad_mode, build_module, example_inputs, grad_context
+    from farm.core.modelref import (
+        ModelError,
+        apply_grad_mode,
+        build_module,
+        build_real,
+        embedding_size,
+        example_inputs,
+        grad_context,
+    )
     from farm.node.loader import load_artifact
 
     import_s = time.perf_counter() - t_import
@@ -248,7 +310,16 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
         }
     training = spec.grad_mode is GradMode.TRAINING
     try:
-        model = build_module(spec.model, device=device, seed=SEED)
+        try:
+            model = build_real(spec.model, device=device, seed=SEED)
+            report.model_init = "real"
+        except ModelError as exc:
+            # A factory that only works under meta (it sizes itself off the
+            # device, say): the weight-free build, seeded; buffers no
+            # reset_parameters covers are then zero, and the report says so.
+            model = build_module(spec.model, device=device, seed=SEED)
+            report.model_init = (f"meta+reset_parameters, uncovered buffers zero (the factory "
+                                 f"failed on {device}: {str(exc).splitlines()[0]})")
         is_module = isinstance(model, torch.nn.Module)
         if is_module:
             apply_grad_mode(model, spec.grad_mode)
@@ -258,9 +329,12 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
         eager_model = copy.deepcopy(model) if is_module else model
         sizes = check_sizes(spec.inputs)
         report.sizes_checked = sizes
+        embed = embedding_size(model)
+        report.input_values = describe_input_values(spec.inputs, embed)
+        check_value_ranges(spec.inputs, embed)
         calls = [
             example_inputs(concrete(spec.inputs, s), device=device, seed=SEED + i,
-                           mark_dynamic=False)
+                           mark_dynamic=False, int_high=embed[1] if embed else None)
             for i, s in enumerate(sizes)
         ]
 
@@ -294,7 +368,8 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
             with watch.phase() as load_events:
                 # The worker's own fresh build, not yet attested: attesting it is
                 # what passing this check leads to.
-                fn = load_artifact(payload["path"], fmt, module=model, trust_unverified=True)
+                fn = load_artifact(payload["path"], fmt, module=model, trust_unverified=True,
+                                   disable_guard_check=spec.options.disable_guard_check)
             report.load_s = round(time.perf_counter() - t0, 4)
             t0 = time.perf_counter()
             with watch.phase() as first_events:
@@ -330,6 +405,7 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
                                          f"artifact {gg is not None}")
                 grad_worst.add(gg, gr, tol_override, factor=GRAD_FACTOR, what=f"grad {name}")
         report.max_abs_err, report.tol = worst.err, worst.tol
+        report.outputs = worst.finish() + grad_worst.finish()
         if training:
             report.grad_max_abs_err, report.grad_tol = grad_worst.err, grad_worst.tol
         failures = worst.failures + grad_worst.failures
@@ -350,13 +426,15 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Worst:
-    """Tracks the comparison closest to (or furthest past) its tolerance."""
+    """Tracks the comparison closest to (or furthest past) its tolerance, and
+    each leaf's worst error over the calls (``leaves``, by path)."""
 
     def __init__(self) -> None:
         self.err: float | None = None
         self.tol: float | None = None
         self.ratio = -1.0
         self.failures: list[str] = []
+        self.leaves: dict[str, dict[str, Any]] = {}
 
     def add(self, got: Any, ref: Any, override: Any, *, factor: float = 1.0,
             what: str = "output") -> None:
@@ -381,27 +459,103 @@ class _Worst:
         ratio = err / bound if bound > 0 else (0.0 if err == 0 else math.inf)
         if ratio > self.ratio:
             self.err, self.tol, self.ratio = err, bound, ratio
+        prev = self.leaves.get(what)
+        if prev is None or ratio > prev["_ratio"]:
+            self.leaves[what] = {"output": what, "dtype": dtype, "shape": list(ref.shape),
+                                 "max_abs_err": err, "tol": bound, "ok": err <= bound,
+                                 "_ratio": ratio}
         if err > bound:
             self.failures.append(f"{what}: max abs error {err:.3g} > tolerance {bound:.3g}")
 
+    def finish(self) -> list[dict[str, Any]]:
+        return [{k: v for k, v in leaf.items() if k != "_ratio"}
+                for leaf in self.leaves.values()]
 
-def _compare_tree(got: Any, ref: Any, worst: _Worst, override: Any) -> None:
+
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+MAX_DEPTH = 32
+
+
+def _compare_tree(got: Any, ref: Any, worst: _Worst, override: Any, path: str = "output",
+                  depth: int = 0) -> None:
+    """Compare by value: tensors within tolerance, everything else by type and
+    then by its parts, recursively: builtin containers item by item, pytree
+    nodes by treespec and leaves, other objects (a program's own result type)
+    by their attributes. Never by identity: the artifact's result is a new
+    object of the same type."""
     import torch
     import torch.utils._pytree as pytree
 
-    g_leaves, g_spec = pytree.tree_flatten(got)
-    r_leaves, r_spec = pytree.tree_flatten(ref)
-    if g_spec != r_spec:
-        worst.failures.append(f"output structure {g_spec} is not eager's {r_spec}")
+    if depth > MAX_DEPTH:
+        worst.failures.append(f"{path}: nested deeper than {MAX_DEPTH}")
         return
-    for i, (g, r) in enumerate(zip(g_leaves, r_leaves, strict=True)):
-        if isinstance(r, torch.Tensor):
-            if not isinstance(g, torch.Tensor):
-                worst.failures.append(f"output {i}: {type(g).__name__} where eager gave a tensor")
-                continue
-            worst.add(g, r, override, what=f"output {i}")
-        elif g != r:
-            worst.failures.append(f"output {i}: {g!r} != eager's {r!r}")
+    if isinstance(ref, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            worst.failures.append(f"{path}: {type(got).__qualname__} where eager gave a tensor")
+            return
+        worst.add(got, ref, override, what=path)
+        return
+    if type(got) is not type(ref):
+        worst.failures.append(f"{path}: artifact returned {_qual(type(got))}, "
+                              f"eager {_qual(type(ref))}")
+        return
+    if isinstance(ref, _SCALARS):
+        if isinstance(ref, float) and isinstance(got, float) and math.isnan(ref):
+            if not math.isnan(got):
+                worst.failures.append(f"{path}: {got!r} != eager's {ref!r}")
+        elif got != ref:
+            worst.failures.append(f"{path}: {got!r} != eager's {ref!r}")
+        return
+    if type(ref) in (tuple, list):
+        if len(got) != len(ref):
+            worst.failures.append(f"{path}: {len(got)} items, eager {len(ref)}")
+            return
+        for i, (g, r) in enumerate(zip(got, ref, strict=True)):
+            _compare_tree(g, r, worst, override, f"{path}[{i}]", depth + 1)
+        return
+    if type(ref) is dict:
+        if list(got) != list(ref):
+            worst.failures.append(f"{path}: keys {list(got)}, eager {list(ref)}")
+            return
+        for k in ref:
+            _compare_tree(got[k], ref[k], worst, override, f"{path}[{k!r}]", depth + 1)
+        return
+    if not pytree.tree_is_leaf(ref):
+        g_leaves, g_spec = pytree.tree_flatten(got)
+        r_leaves, r_spec = pytree.tree_flatten(ref)
+        if g_spec != r_spec:
+            worst.failures.append(f"{path}: structure {g_spec} is not eager's {r_spec}")
+            return
+        for i, (g, r) in enumerate(zip(g_leaves, r_leaves, strict=True)):
+            _compare_tree(g, r, worst, override, f"{path}.leaf{i}", depth + 1)
+        return
+    g_attrs, r_attrs = _attributes(got), _attributes(ref)
+    if r_attrs is None or g_attrs is None:
+        # No attributes to compare (a C type, say): its own equality, which
+        # must then be a value equality to pass.
+        if got != ref:
+            worst.failures.append(f"{path}: {got!r} != eager's {ref!r} "
+                                  f"({_qual(type(ref))} has no attributes to compare)")
+        return
+    if sorted(g_attrs) != sorted(r_attrs):
+        worst.failures.append(f"{path}: attributes {sorted(g_attrs)}, eager {sorted(r_attrs)}")
+        return
+    for name in sorted(r_attrs):
+        _compare_tree(g_attrs[name], r_attrs[name], worst, override, f"{path}.{name}", depth + 1)
+
+
+def _attributes(obj: Any) -> dict[str, Any] | None:
+    if hasattr(obj, "__dict__"):
+        return dict(vars(obj))
+    slots = getattr(type(obj), "__slots__", None)
+    if slots is not None:
+        names = (slots,) if isinstance(slots, str) else tuple(slots)
+        return {n: getattr(obj, n) for n in names if hasattr(obj, n)}
+    return None
+
+
+def _qual(t: type) -> str:
+    return f"{t.__module__}.{t.__qualname__}"
 
 
 def _sync(device: str) -> None:

@@ -28,7 +28,8 @@ import torch.fx
 from farm.core.specs import CompileOptions, GradMode, TensorSpec, format_inputs
 
 # /2: the code (pack digest, entrypoint and the built class) is part of it.
-FORMAT = "torch-farm-fingerprint/2"
+# /3: and the structure of what the program returns (``return_structure``).
+FORMAT = "torch-farm-fingerprint/3"
 
 _ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
 # Names of sympy symbols torch uses for sizes: s0, s77, u3, zuf0, ...
@@ -217,6 +218,7 @@ def fingerprint(
     entrypoint: str,
     code_digest: str | None,
     model_class: str,
+    returns: str = "",
 ) -> str:
     """sha256 over the graph hash, parameter/buffer lines, inputs, grad mode,
     options and the code, each part length-prefixed so no two part lists collide.
@@ -226,7 +228,13 @@ def fingerprint(
     artifact whose type guard fails for the second class (its nodes then run
     JIT); two code packs that trace alike may still differ in what a node
     runs around the graph. ``model_class`` is the built object's
-    ``module.qualname`` (``farm.core.modelref.model_class_name``)."""
+    ``module.qualname`` (``farm.core.modelref.model_class_name``).
+
+    ``returns`` (``return_structure``) is the type structure of what the
+    program returns: Dynamo's graph holds only the output tensors, and the
+    code around it (which the artifact's bytecode replays) builds the
+    returned object, so ``lambda x, y: x + y`` and a function that returns
+    ``MyBox(x + y)`` have the same graph and must not share an artifact."""
     h = hashlib.sha256()
     for part in (
         FORMAT,
@@ -238,8 +246,61 @@ def fingerprint(
         entrypoint,
         code_digest or "",
         model_class,
+        returns,
     ):
         data = part.encode()
         h.update(len(data).to_bytes(8, "big"))
         h.update(data)
     return h.hexdigest()
+
+
+def return_structure(value: Any) -> str:
+    """The type structure of a program's result, process-independent: tensors
+    by dtype and rank (shapes are in the graph), containers and pytree nodes
+    by type and their children, any other object by ``module.qualname`` and
+    its attributes (``__dict__`` or ``__slots__``) recursively, scalars by type.
+    """
+    return _structure(value, depth=0)
+
+
+_MAX_DEPTH = 16
+
+
+def _qualname(t: type) -> str:
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _structure(v: Any, *, depth: int) -> str:
+    import torch.utils._pytree as pytree
+
+    if depth > _MAX_DEPTH:
+        return "..."
+    if isinstance(v, torch.Tensor):
+        kind = "Parameter" if isinstance(v, torch.nn.Parameter) else "Tensor"
+        return f"{kind}:{str(v.dtype).removeprefix('torch.')}/{v.dim()}"
+    if v is None or isinstance(v, (bool, int, float, str, complex)):
+        return type(v).__name__
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return type(v).__name__
+    if isinstance(v, (tuple, list)) and type(v) in (tuple, list):
+        inner = ",".join(_structure(x, depth=depth + 1) for x in v)
+        return f"{type(v).__name__}({inner})"
+    if isinstance(v, dict) and type(v) is dict:
+        items = ",".join(f"{k!r}:{_structure(x, depth=depth + 1)}" for k, x in v.items())
+        return f"dict({items})"
+    if not pytree.tree_is_leaf(v):
+        # A registered pytree node (namedtuple, ModelOutput, OrderedDict...):
+        # its type, its context and its children.
+        leaves, spec = pytree.tree_flatten(v)
+        spec_text = " ".join(_ADDRESS_RE.sub("", str(spec)).split())
+        return f"{_qualname(type(v))}<{spec_text}>(" + ",".join(
+            _structure(x, depth=depth + 1) for x in leaves) + ")"
+    attrs: dict[str, Any] | None = None
+    if hasattr(v, "__dict__"):
+        attrs = dict(vars(v))
+    elif hasattr(type(v), "__slots__"):
+        attrs = {n: getattr(v, n) for n in type(v).__slots__ if hasattr(v, n)}
+    if attrs is not None:
+        inner = ",".join(f"{k}={_structure(x, depth=depth + 1)}" for k, x in sorted(attrs.items()))
+        return f"{_qualname(type(v))}({inner})"
+    return _qualname(type(v))

@@ -165,6 +165,52 @@ def build_module(
     return built
 
 
+def build_real(
+    model: ModelRef, *, device: str | torch.device, seed: int = DEFAULT_SEED
+) -> nn.Module | Callable[..., Any]:
+    """Build the model for real on ``device``: the factory runs there, under a
+    seeded RNG, so every parameter gets the factory's own init and every
+    buffer what ``__init__`` computes (a Llama's RoPE ``inv_freq``), where
+    ``materialize`` can only zero the buffers no ``reset_parameters`` covers.
+    What a verifier should check an artifact against. A ``kind='function'``
+    ref is returned as is."""
+    fn = load_callable(model.entrypoint)
+    if model.kind == "function":
+        return fn
+    check_kwargs(fn, model)
+    device = torch.device(device)
+    accel = device.type not in ("cpu", "meta")
+    try:
+        with torch.random.fork_rng(
+            devices=[device.index or 0] if accel else [],
+            device_type=device.type if accel else "cpu",
+        ), torch.device(device):
+            torch.manual_seed(seed)
+            built = fn(**dict(model.kwargs))
+    except Exception as exc:
+        raise ModelBuildError(
+            f"model factory {model.entrypoint!r} raised {type(exc).__name__}: {exc}",
+            traceback_text=traceback.format_exc(),
+        ) from exc
+    if not isinstance(built, nn.Module):
+        raise ModelBuildError(
+            f"model factory {model.entrypoint!r} returned {type(built).__name__}, "
+            "expected a torch.nn.Module (use kind='function' for a free function)"
+        )
+    return built
+
+
+def embedding_size(module: Any) -> tuple[str, int] | None:
+    """(name, num_embeddings) of the module's first ``nn.Embedding``: the range
+    of token ids an integer input without a declared range is drawn from."""
+    if not isinstance(module, nn.Module):
+        return None
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.Embedding):
+            return name, int(sub.num_embeddings)
+    return None
+
+
 def materialize(
     module: nn.Module, device: str | torch.device, *, seed: int = DEFAULT_SEED
 ) -> nn.Module:
@@ -231,12 +277,15 @@ def example_inputs(
     device: str | torch.device = "meta",
     seed: int = DEFAULT_SEED,
     mark_dynamic: bool = True,
+    int_high: int | None = None,
 ) -> list[torch.Tensor]:
     """One tensor per spec at its example shape, with dynamic dims marked.
 
-    Integer inputs are zeros (a valid index for any embedding table, whose size the
-    spec does not know); float inputs are seeded normal values; on meta nothing is
-    written at all.
+    Integer inputs are drawn from the spec's declared value range
+    (``int64[1,16]{0..50256}``), else from ``0..int_high-1`` when the caller
+    gives ``int_high`` (a model's embedding size), else zeros (a valid index
+    for any embedding table); float inputs are seeded normal values; on meta
+    nothing is written at all.
     """
     device = torch.device(device)
     out: list[torch.Tensor] = []
@@ -249,6 +298,12 @@ def example_inputs(
             t = torch.randn(spec.shape, dtype=dtype, device=device, generator=gen)
         elif dtype == torch.bool:
             t = torch.randint(0, 2, spec.shape, device=device, generator=gen).bool()
+        elif spec.values is not None:
+            t = torch.randint(spec.values[0], spec.values[1] + 1, spec.shape, dtype=dtype,
+                              device=device, generator=gen)
+        elif int_high is not None and int_high > 0:
+            t = torch.randint(0, int_high, spec.shape, dtype=dtype, device=device,
+                              generator=gen)
         else:
             t = torch.zeros(spec.shape, dtype=dtype, device=device)
         if mark_dynamic:

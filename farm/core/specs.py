@@ -6,12 +6,20 @@ typed on a command line.
 
 Input spec grammar (one tensor)::
 
-    spec   := dtype "[" [dim ("," dim)*] "]"
+    spec   := dtype "[" [dim ("," dim)*] "]" [values]
     dim    := INT                  static size
             | INT ".." [INT]       dynamic, inclusive range; no upper bound if omitted
+    values := "{" INT ".." INT "}" integer dtypes: the inclusive range of the
+                                   values the verifier draws (token ids, say)
 
     float32[8,64]       bfloat16[8,512,1024]     int64[1,16]
     float32[2..64,128]  one artifact for every batch size from 2 to 64
+    int64[1,16]{0..50256}  token ids below a 50257-entry vocabulary
+
+Without ``{..}`` an integer input's values are drawn below the model's first
+``nn.Embedding``'s ``num_embeddings`` (zeros when it has none). The value
+range is part of the spec's text, so of the build key: it changes what the
+artifact was verified on, not what it accepts (``covers`` ignores it).
 
 Dynamic dims start at 2 or more: torch specialises sizes 0 and 1, so an
 artifact "for 1..64" would silently recompile (or fail its guards) at 1.
@@ -40,6 +48,11 @@ DTYPES: tuple[str, ...] = (
     "bool",
 )
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+INT_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8"})
+# Representable values per integer dtype: a declared range must fit.
+_INT_LIMITS = {"int64": (-(2**63), 2**63 - 1), "int32": (-(2**31), 2**31 - 1),
+               "int16": (-(2**15), 2**15 - 1), "int8": (-128, 127), "uint8": (0, 255)}
+_SIGNED_INT_RE = re.compile(r"^-?[0-9]+$")
 _DTYPE_ALIASES = {
     "float": "float32",
     "fp32": "float32",
@@ -52,7 +65,7 @@ _DTYPE_ALIASES = {
     "int": "int32",
 }
 
-_SPEC_RE = re.compile(r"^\s*([A-Za-z0-9_]+)\s*\[(.*)\]\s*$")
+_SPEC_RE = re.compile(r"^\s*([A-Za-z0-9_]+)\s*\[([^\]]*)\]\s*(?:\{([^}]*)\})?\s*$")
 # ASCII digits only: int() also takes "+8", "1_000" and non-ASCII digits, which
 # would let two different texts name one spec (and one build key).
 _INT_RE = re.compile(r"^[0-9]+$")
@@ -144,10 +157,27 @@ class TensorSpec:
 
     dtype: str
     dims: tuple[Dim, ...]
+    # Integer dtypes only: (lo, hi), the inclusive range of values realistic
+    # inputs take (verification draws from it); None: not declared.
+    values: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise SpecError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPES)}")
+        if self.values is not None:
+            if self.dtype not in INT_DTYPES:
+                raise SpecError(f"a value range {{lo..hi}} is for integer inputs, not {self.dtype}")
+            if (not isinstance(self.values, tuple) or len(self.values) != 2
+                    or not all(isinstance(v, int) and not isinstance(v, bool)
+                               for v in self.values)):
+                raise SpecError(f"values must be a (lo, hi) tuple of ints, got {self.values!r}")
+            lo, hi = self.values
+            if hi < lo:
+                raise SpecError(f"value range {{{lo}..{hi}}} has its upper bound below its lower")
+            tlo, thi = _INT_LIMITS[self.dtype]
+            if lo < tlo or hi > thi:
+                raise SpecError(f"value range {{{lo}..{hi}}} does not fit {self.dtype} "
+                                f"({tlo}..{thi})")
         if not isinstance(self.dims, tuple) or not all(isinstance(d, Dim) for d in self.dims):
             # A list would make the frozen value unhashable and unequal to its parse.
             raise SpecError(f"dims must be a tuple of Dim, got {self.dims!r}")
@@ -172,7 +202,10 @@ class TensorSpec:
         )
 
     def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(str(d) for d in self.dims)}]"
+        text = f"{self.dtype}[{','.join(str(d) for d in self.dims)}]"
+        if self.values is not None:
+            text += f"{{{self.values[0]}..{self.values[1]}}}"
+        return text
 
     @classmethod
     def parse(cls, text: str) -> TensorSpec:
@@ -190,7 +223,14 @@ class TensorSpec:
         dims = tuple(Dim.parse(p) for p in body.split(",")) if body else ()
         if len(dims) > MAX_DIMS:
             raise SpecError(f"input spec {text!r} has more than {MAX_DIMS} dims")
-        return cls(dtype, dims)
+        values = None
+        if m.group(3) is not None:
+            lo_s, sep, hi_s = (p.strip() for p in m.group(3).partition(".."))
+            if not sep or not _SIGNED_INT_RE.match(lo_s) or not _SIGNED_INT_RE.match(hi_s):
+                raise SpecError(f"bad value range {{{m.group(3)}}} in {text!r}: expected "
+                                "{LO..HI}, e.g. int64[1,16]{0..50256}")
+            values = (int(lo_s), int(hi_s))
+        return cls(dtype, dims, values)
 
 
 def parse_inputs(specs: Iterable[str]) -> tuple[TensorSpec, ...]:
@@ -226,8 +266,12 @@ class GradMode(str, Enum):
 
 
 COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
-BACKENDS = ("inductor",)
+# Every backend torch.compile(...).aot_compile can save and load (the guide's
+# "inductor", "eager", "aot_eager"): eager and aot_eager generate no code, for
+# debugging a build; only inductor has modes, and only it gives AOTI packages.
+BACKENDS = ("inductor", "eager", "aot_eager")
 GUARD_FILTERS = ("drop-unserializable", "keep-all")
+OPTION_NAMES = ("mode", "backend", "guard_filter", "disable_guard_check")
 
 
 @dataclass(frozen=True)
@@ -238,19 +282,38 @@ class CompileOptions:
     # closures (ID_MATCH) that cannot be serialized; "drop-unserializable"
     # drops only those, never tensor or global-state guards.
     guard_filter: str = "drop-unserializable"
+    # The loaded function skips its guard check on every call
+    # (``AOTCompiledFunction.disable_guard_check()``): a call on other shapes,
+    # dtypes or devices than the artifact's is then not refused but wrong.
+    # Recorded, so a node gets it only when it asks for it (or for any options).
+    disable_guard_check: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in COMPILE_MODES:
             raise SpecError(f"unknown mode {self.mode!r}; known: {', '.join(COMPILE_MODES)}")
         if self.backend not in BACKENDS:
             raise SpecError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
+        if self.backend != "inductor" and self.mode != "default":
+            raise SpecError(
+                f"mode {self.mode!r} is an inductor mode; backend {self.backend!r} has none "
+                "(leave mode at default, or use backend inductor)"
+            )
         if self.guard_filter not in GUARD_FILTERS:
             raise SpecError(
                 f"unknown guard filter {self.guard_filter!r}; known: {', '.join(GUARD_FILTERS)}"
             )
+        if not isinstance(self.disable_guard_check, bool):
+            raise SpecError(f"disable_guard_check must be true or false, "
+                            f"got {self.disable_guard_check!r}")
 
-    def to_json(self) -> dict[str, str]:
-        return {"mode": self.mode, "backend": self.backend, "guard_filter": self.guard_filter}
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "mode": self.mode, "backend": self.backend, "guard_filter": self.guard_filter}
+        if self.disable_guard_check:
+            # Only when set: options stored before it existed keep their exact
+            # canonical text, so their build keys and rows still match.
+            data["disable_guard_check"] = True
+        return data
 
     def canonical(self) -> str:
         return canonical_json(self.to_json())
@@ -258,10 +321,16 @@ class CompileOptions:
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> CompileOptions:
         data = dict(data or {})
-        unknown = set(data) - {"mode", "backend", "guard_filter"}
+        unknown = set(data) - set(OPTION_NAMES)
         if unknown:
-            raise SpecError(f"unknown compile options: {', '.join(sorted(unknown))}")
-        return cls(**{k: str(v) for k, v in data.items()})
+            raise SpecError(f"unknown compile options: {', '.join(sorted(unknown))}; "
+                            f"known: {', '.join(OPTION_NAMES)}")
+        dgc = data.pop("disable_guard_check", False)
+        if isinstance(dgc, str) and dgc.lower() in ("true", "false"):
+            dgc = dgc.lower() == "true"
+        if not isinstance(dgc, bool):
+            raise SpecError(f"disable_guard_check must be true or false, got {dgc!r}")
+        return cls(**{k: str(v) for k, v in data.items()}, disable_guard_check=dgc)
 
 
 @dataclass(frozen=True)

@@ -812,7 +812,9 @@ class FarmClient:
         artifact = resolved.get("artifact", resolved)
         path, verified = self.fetch_verified(resolved)
         return load_artifact(path, artifact["format"], module=module, attestation=verified,
-                             trust_unverified=verified is None)
+                             trust_unverified=verified is None,
+                             disable_guard_check=bool(
+                                 (artifact.get("options") or {}).get("disable_guard_check")))
 
 
 def _retry_after(r: httpx.Response, default: float) -> float:

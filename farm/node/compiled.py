@@ -249,7 +249,9 @@ class CompiledHandle:
             from farm.node.loader import load_artifact
 
             fn = load_artifact(pre.path, pre.format, module=module_or_fn,
-                               attestation=pre.verified, trust_unverified=pre.verified is None)
+                               attestation=pre.verified, trust_unverified=pre.verified is None,
+                               disable_guard_check=bool((pre.artifact.get("options") or {})
+                                                        .get("disable_guard_check")))
         except Exception as exc:
             if not fallback:
                 raise

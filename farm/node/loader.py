@@ -75,6 +75,7 @@ def load_artifact(
     attestation: Any = None,
     trust_unverified: bool = False,
     root_key: Any = None,
+    disable_guard_check: bool = False,
 ) -> Callable[..., Any]:
     """Check ``path`` is attested, then load it and return a callable that
     takes only the model inputs.
@@ -90,6 +91,11 @@ def load_artifact(
     against the root key (``root_key``, else ``FARM_ROOT_KEY``) and this
     node's own target. A file with neither loads only with
     ``trust_unverified=True``: for bytes you built yourself.
+
+    ``disable_guard_check`` (an artifact built with that option, which its
+    record carries): the loaded ``aot_compile`` function skips its guard
+    check on every call (torch's ``disable_guard_check()``); an AOTI package
+    has no Dynamo guards, so it is ignored there.
     """
     from farm.node import verify
 
@@ -109,7 +115,7 @@ def load_artifact(
                  verified.build_key[:12], verified.model, verified.version,
                  verified.builder_keyid[:16])
     if format == FORMAT_AOT_COMPILE:
-        return _load_aot_compile(Path(path), module)
+        return _load_aot_compile(Path(path), module, disable_guard_check=disable_guard_check)
     if format == FORMAT_AOTI:
         return _load_aoti(Path(path), module, device_index=device_index)
     raise ArtifactLoadError(f"unknown artifact format {format!r}; known: {', '.join(FORMATS)}")
@@ -217,7 +223,8 @@ def _read_bundle(path: Path) -> tuple[bytes, dict[str, bytes]]:
     return payload, configs
 
 
-def _load_aot_compile(path: Path, module: Any) -> Callable[..., Any]:
+def _load_aot_compile(path: Path, module: Any, *,
+                      disable_guard_check: bool = False) -> Callable[..., Any]:
     import io
 
     import torch
@@ -238,6 +245,13 @@ def _load_aot_compile(path: Path, module: Any) -> Callable[..., Any]:
             fn = torch.compiler.load_compiled_function(fh, f_globals=f_globals)
         else:
             fn = torch.compiler.load_compiled_function(fh)
+    if disable_guard_check:
+        off = getattr(fn, "disable_guard_check", None)
+        if off is None:
+            raise ArtifactLoadError(f"the artifact was built with disable_guard_check, and "
+                                    f"torch {torch.__version__}'s loaded function has no "
+                                    "disable_guard_check()")
+        off()
     if isinstance(module, torch.nn.Module):
         return BoundArtifact(fn, module)
     return fn

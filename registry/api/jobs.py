@@ -51,8 +51,10 @@ class JobSpecIn(BaseModel):
         max_length=64, examples=[["float32[8,64]"]],
         description="input specs, e.g. float32[8,64] or float32[2..64,128]")
     grad_mode: str = Field(default="inference", description="'inference' or 'training'")
-    options: dict[str, str] = Field(default_factory=dict,
-                                    description="compile options: mode, backend, guard_filter")
+    options: dict[str, str | bool] = Field(
+        default_factory=dict,
+        description="compile options: mode, backend (inductor, eager, aot_eager), "
+                    "guard_filter, disable_guard_check (true/false)")
     targets: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list, max_length=64,
         description="full targets or selectors (e.g. 'cpu'); empty: every live target")

@@ -54,6 +54,11 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
                         select(m.Artifact).where(m.Artifact.build_key == b.build_key)
                     )
                 ]
+            failed: dict[str, Any] = {}
+            skipped: dict[str, Any] = {}
+            for a in arts:
+                failed.update(a.get("meta", {}).get("formats_failed") or {})
+                skipped.update(a.get("meta", {}).get("formats_skipped") or {})
             builds.append(
                 {
                     "id": b.id,
@@ -76,6 +81,12 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
                     "first_call_compiles": b.first_call_compiles,
                     "error": b.error,
                     "log": b.log,
+                    # A format that was to be built and was not ({format:
+                    # {"stage": compile|verify, "reason"}}), and those left out
+                    # by design or by this host ({format: reason}): a succeeded
+                    # build with one failed format is not a plain success.
+                    "formats_failed": failed,
+                    "formats_skipped": skipped,
                     "artifacts": arts,
                 }
             )

@@ -604,3 +604,43 @@ def test_dynamic_cover_property(lo: int, width: int, size: int) -> None:
     a = art(1, inputs=(artifact_spec,))
     accepted = bool(only(a, inputs=(TensorSpec.parse(f"float32[{size},4]"),)).accepted)
     assert accepted == (lo <= size <= lo + width)
+
+
+def test_a_format_rejection_says_why_its_build_has_none_of_the_requested() -> None:
+    failed = art(1, meta={"formats_failed": {"aoti": {
+        "stage": "compile", "reason": "the AOTI package's module lacks constant4"}}})
+    assert reason(failed, formats=["aoti"]) == (
+        "format",
+        "format 'aot_compile' is not among the requested formats: aoti; its build's aoti "
+        "failed at compile: the AOTI package's module lacks constant4",
+    )
+    verify = art(2, meta={"formats_failed": {"aoti": {"stage": "verify",
+                                                      "reason": "output: max abs error 3"}}})
+    assert "its build's aoti failed at verify: output: max abs error 3" in reason(
+        verify, formats=["aoti"])[1]
+    skipped = art(3, meta={"formats_skipped": {"aoti": "AOTI packages are Inductor builds; "
+                                                       "backend 'eager' generates no code"}})
+    assert reason(skipped, formats=["aoti"])[1].endswith(
+        "; its build has no aoti: AOTI packages are Inductor builds; backend 'eager' "
+        "generates no code")
+
+
+def test_a_node_asks_for_a_backend_and_for_disabled_guard_checks() -> None:
+    inductor = art(1)
+    eager = art(2, options=CompileOptions(backend="eager"))
+    unguarded = art(3, options=CompileOptions(disable_guard_check=True))
+    cands = [inductor, eager, unguarded]
+
+    def best(options: CompileOptions | None) -> list[int]:
+        res = resolve(cands, target=_CPU, inputs=INPUTS, grad_mode=GradMode.INFERENCE,
+                      options=options)
+        return [a.id for a in res.accepted]
+
+    assert best(CompileOptions(backend="eager")) == [2]
+    assert best(CompileOptions(disable_guard_check=True)) == [3]
+    assert best(CompileOptions()) == [1]
+    # Asking for nothing: inductor with its guards checked first.
+    assert best(None)[0] == 1
+    res = resolve([unguarded], target=_CPU, inputs=INPUTS, grad_mode=GradMode.INFERENCE,
+                  options=CompileOptions())
+    assert "disable_guard_check" in res.rejected[0].reason

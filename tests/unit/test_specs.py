@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -40,10 +41,24 @@ def dims(draw: st.DrawFn) -> Dim:
     return Dim(lo, hi)
 
 
-tensor_specs = st.builds(
-    TensorSpec,
-    dtype=st.sampled_from(DTYPES),
-    dims=st.lists(dims(), max_size=MAX_DIMS).map(tuple),
+@st.composite
+def value_specs(draw: st.DrawFn) -> TensorSpec:
+    """Integer specs with a declared value range inside their dtype."""
+    dtype, lo_min, hi_max = draw(st.sampled_from(
+        [("int64", -(2**63), 2**63 - 1), ("int32", -(2**31), 2**31 - 1),
+         ("int8", -128, 127), ("uint8", 0, 255)]))
+    lo = draw(st.integers(lo_min, hi_max))
+    hi = draw(st.integers(lo, hi_max))
+    return TensorSpec(dtype, tuple(draw(st.lists(dims(), max_size=MAX_DIMS))), (lo, hi))
+
+
+tensor_specs = st.one_of(
+    st.builds(
+        TensorSpec,
+        dtype=st.sampled_from(DTYPES),
+        dims=st.lists(dims(), max_size=MAX_DIMS).map(tuple),
+    ),
+    value_specs(),
 )
 
 
@@ -201,17 +216,51 @@ def test_inputs_cover_needs_same_count_and_order() -> None:
         CompileOptions,
         mode=st.sampled_from(["default", "max-autotune", "max-autotune-no-cudagraphs"]),
         guard_filter=st.sampled_from(["drop-unserializable", "keep-all"]),
+        disable_guard_check=st.booleans(),
+    ) | st.builds(
+        CompileOptions,
+        backend=st.sampled_from(["eager", "aot_eager"]),
+        guard_filter=st.sampled_from(["drop-unserializable", "keep-all"]),
+        disable_guard_check=st.booleans(),
     )
 )
 def test_options_round_trip(options: CompileOptions) -> None:
     assert CompileOptions.from_json(options.to_json()) == options
+    assert CompileOptions.from_json(json.loads(options.canonical())) == options
+
+
+def test_options_without_disable_guard_check_keep_their_stored_text() -> None:
+    # Rows and build keys stored before the option existed must still match.
+    assert CompileOptions().canonical() == (
+        '{"backend":"inductor","guard_filter":"drop-unserializable","mode":"default"}')
+    on = CompileOptions(disable_guard_check=True)
+    assert on.to_json()["disable_guard_check"] is True
+    assert on != CompileOptions() and on.canonical() != CompileOptions().canonical()
+    assert CompileOptions.from_json({"disable_guard_check": "true"}) == on
+
+
+def test_backends() -> None:
+    for backend in ("inductor", "eager", "aot_eager"):
+        assert CompileOptions(backend=backend).backend == backend
+    with pytest.raises(SpecError, match="mode 'max-autotune' is an inductor mode; "
+                                        "backend 'eager' has none"):
+        CompileOptions(mode="max-autotune", backend="eager")
+    keys = {build_key(fingerprint="f", inputs=parse_inputs(["float32[2]"]),
+                      grad_mode=GradMode.INFERENCE, options=o, target="cpu")
+            for o in (CompileOptions(), CompileOptions(backend="eager"),
+                      CompileOptions(backend="aot_eager"),
+                      CompileOptions(disable_guard_check=True))}
+    assert len(keys) == 4
 
 
 def test_options_errors() -> None:
     with pytest.raises(SpecError, match="unknown mode 'fast'; known: default, max-autotune"):
         CompileOptions(mode="fast")
-    with pytest.raises(SpecError, match="unknown backend 'eager'; known: inductor"):
-        CompileOptions(backend="eager")
+    with pytest.raises(SpecError, match="unknown backend 'tvm'; known: inductor, eager, "
+                                        "aot_eager"):
+        CompileOptions(backend="tvm")
+    with pytest.raises(SpecError, match="disable_guard_check must be true or false"):
+        CompileOptions.from_json({"disable_guard_check": "yes"})
     with pytest.raises(SpecError, match="unknown guard filter 'none'"):
         CompileOptions(guard_filter="none")
     with pytest.raises(SpecError, match="unknown compile options: dynamic"):
@@ -308,3 +357,37 @@ def test_build_key_changes_with_every_part(change: dict[str, object]) -> None:
 def test_key_parts_cannot_run_together() -> None:
     # The separator keeps ("ab", "c") and ("a", "bc") apart.
     assert sha256_text("ab", "c") != sha256_text("a", "bc")
+
+
+def test_integer_value_ranges_parse_format_and_say_what_is_wrong() -> None:
+    spec = TensorSpec.parse("int64[1,16]{0..50256}")
+    assert spec.values == (0, 50256) and spec.shape == (1, 16)
+    assert str(spec) == "int64[1,16]{0..50256}"
+    assert TensorSpec.parse(" int32[2..8] { -5 .. 5 } ").values == (-5, 5)
+    assert parse_input_list("int64[1,16]{0..96};float32[4]") == (
+        TensorSpec.parse("int64[1,16]{0..96}"), TensorSpec.parse("float32[4]"))
+    # The range is what verification draws, not what the artifact accepts.
+    assert spec.covers(TensorSpec.parse("int64[1,16]"))
+    assert TensorSpec.parse("int64[1,16]").covers(spec)
+    assert spec != TensorSpec.parse("int64[1,16]")
+    for bad, words in [
+        ("float32[2]{0..3}", "is for integer inputs, not float32"),
+        ("int8[2]{0..300}", "does not fit int8"),
+        ("int64[2]{5..1}", "upper bound below its lower"),
+        ("int64[2]{a..b}", "expected {LO..HI}"),
+        ("int64[2]{7}", "expected {LO..HI}"),
+        ("int64[2]{+1..3}", "expected {LO..HI}"),
+    ]:
+        with pytest.raises(SpecError, match=re.escape(words)):
+            TensorSpec.parse(bad)
+
+
+def test_the_api_pattern_takes_what_the_parser_takes() -> None:
+    from registry.api.schemas import INPUT_PATTERN
+
+    for text in ["int64[1,16]{0..50256}", "int32[2..8]{-5..5}", "float32[2..64,128]",
+                 "bool[]"]:
+        assert re.match(INPUT_PATTERN, text), text
+        assert str(TensorSpec.parse(text)) == text
+    for text in ["int64[1]{7}", "int64[1]{..3}"]:
+        assert not re.match(INPUT_PATTERN, text), text

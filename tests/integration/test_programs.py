@@ -1,0 +1,145 @@
+"""Programs of the aot_compile guide through the farm as a user sends them
+(HTTP submit, trace worker, CPU compile worker, PostgreSQL, Redis, S3), each
+loaded by a fleet node in a fresh process:
+
+- two free functions with one graph (``x + y``, and ``Boxed(x + y, 2.0)``)
+  get two artifacts, and each returns its own type on the node;
+- the backend (eager) and ``disable_guard_check`` are recorded, shown by
+  resolve, asked for by the node, and honoured at load;
+- a format that is not built is said so in the job view, its CLI lines and
+  the resolver's rejection.
+
+The builds use the eager backend (no C++ compile on this 2-core machine):
+deduplication is keyed the same way whatever the backend.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from farm.app.console import _job_lines
+from farm.core.target import detect_local_target
+from tests.fixtures.farm import ROOT, Farm
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("programs")]
+
+NODE = Path(__file__).with_name("program_node.py")
+INPUTS = ["float32[4,8]", "float32[4,8]"]
+CPU = str(detect_local_target("cpu"))
+
+
+def function_job(name: str, entrypoint: str, **options: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "version": "1",
+        "model": {"entrypoint": entrypoint, "kind": "function"},
+        "inputs": INPUTS,
+        "options": {"backend": "eager", **options},
+        "targets": ["cpu"],
+    }
+
+
+def node(farm: Farm, model: str, entrypoint: str, *extra: str) -> dict[str, Any]:
+    args = [sys.executable, str(NODE), "--model", model, "--entrypoint", entrypoint]
+    for spec in INPUTS:
+        args += ["--input", spec]
+    # The node imports the program from the checkout, as a user's node has
+    # its own code installed.
+    env = {**farm.env, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([*args, *extra], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_one_graph_two_programs_two_artifacts_each_returns_its_type(farm: Farm) -> None:
+    plain_id = farm.submit(function_job("prog-add", "tests.models.programs:add"))
+    boxed_id = farm.submit(function_job("prog-boxed", "tests.models.programs:add_boxed"))
+    plain, boxed = farm.wait_job(plain_id), farm.wait_job(boxed_id)
+    for job in (plain, boxed):
+        assert job["state"] == "succeeded", json.dumps(job, indent=1)[:6000]
+    # One graph (the trace's graph hash), two programs: two keys, two blobs.
+    assert json.loads(plain["log"])["graph_hash"] == json.loads(boxed["log"])["graph_hash"]
+    assert plain["fingerprint"] != boxed["fingerprint"]
+    (pb,), (bb,) = plain["builds"], boxed["builds"]
+    assert pb["state"] == bb["state"] == "succeeded"
+    assert pb["build_key"] != bb["build_key"]
+    assert {a["digest"] for a in pb["artifacts"]}.isdisjoint(a["digest"] for a in bb["artifacts"])
+    assert json.loads(boxed["log"])["returns"] == (
+        "tests.models.programs.Boxed(scale=float,value=Tensor:float32/2)")
+    # The verifier compared Boxed by value: its one tensor leaf, within tolerance.
+    (art,) = bb["artifacts"]
+    outputs = art["meta"]["verify"]["outputs"]
+    assert [o["output"] for o in outputs] == ["output.value"]
+    assert outputs[0]["ok"] and outputs[0]["max_abs_err"] <= outputs[0]["tol"]
+    assert art["options"] == {"backend": "eager", "guard_filter": "drop-unserializable",
+                              "mode": "default"}
+
+    got_plain = node(farm, "prog-add", "tests.models.programs:add")
+    got_boxed = node(farm, "prog-boxed", "tests.models.programs:add_boxed")
+    assert got_plain["type"] == got_plain["eager_type"] == "torch.Tensor"
+    assert got_boxed["type"] == got_boxed["eager_type"] == "tests.models.programs.Boxed"
+    assert got_boxed["attrs"] == ["scale", "value"]
+    assert got_plain["max_abs_err"] == 0.0 and got_boxed["max_abs_err"] == 0.0
+    assert got_plain["digest"] != got_boxed["digest"]
+
+    # No AOTI package for an eager build, and every view says why.
+    why = "AOTI packages are Inductor builds; backend 'eager' generates no code"
+    assert why in bb["formats_skipped"]["aoti"] and bb["formats_failed"] == {}
+    assert any(line.strip().startswith(f"no aoti: {why}") for line in _job_lines(boxed))
+    assert f"no aoti: {why}" in bb["log"]
+    with httpx.Client(base_url=farm.url, headers=farm.headers) as c:
+        r = c.get("/v1/resolve", params={"model": "prog-boxed", "input": INPUTS,
+                                         "format": "aoti", "target": CPU})
+    assert r.status_code == 404, r.text
+    (rej,) = r.json()["rejections"]
+    assert rej["code"] == "format" and f"its build has no aoti: {why}" in rej["reason"]
+
+
+def test_backend_and_disable_guard_check_are_recorded_asked_for_and_honoured(
+    farm: Farm,
+) -> None:
+    entry = "tests.models.programs:add"
+    guarded = farm.wait_job(farm.submit(function_job("prog-guards", entry)))
+    assert guarded["state"] == "succeeded", json.dumps(guarded, indent=1)[:4000]
+    # A second version of the same model: the same program with its guard
+    # check disabled, a build of its own.
+    spec = function_job("prog-guards", entry, disable_guard_check=True)
+    spec["version"] = "2"
+    unguarded = farm.wait_job(farm.submit(spec))
+    assert unguarded["state"] == "succeeded", json.dumps(unguarded, indent=1)[:4000]
+    assert unguarded["builds"][0]["build_key"] != guarded["builds"][0]["build_key"]
+    (art,) = unguarded["builds"][0]["artifacts"]
+    assert art["options"]["disable_guard_check"] is True
+
+    # Asking for version 2's options gets it, shown in the answer; a call
+    # off the artifact's shapes is then not refused.
+    asked = json.dumps({"backend": "eager", "disable_guard_check": True})
+    got = node(farm, "prog-guards", entry, "--options", asked, "--call-shape", "6,8")
+    assert got["options"]["disable_guard_check"] is True, got
+    assert "call_error" not in got and got["max_abs_err"] == 0.0, got
+    # The guarded build: the same off-shape call is refused by its guards.
+    asked = json.dumps({"backend": "eager"})
+    got = node(farm, "prog-guards", entry, "--ref", "1", "--options", asked,
+               "--call-shape", "6,8")
+    assert "disable_guard_check" not in got["options"], got
+    assert "GuardManager check failed" in got.get("call_error", ""), got
+    with httpx.Client(base_url=farm.url, headers=farm.headers) as c:
+        r = c.get("/v1/resolve", params={"model": "prog-guards", "ref": "1", "target": CPU,
+                                         "input": INPUTS, "options": asked})
+    assert r.status_code == 200, r.text
+    assert r.json()["artifact"]["options"] == {
+        "backend": "eager", "guard_filter": "drop-unserializable", "mode": "default"}
+    with httpx.Client(base_url=farm.url, headers=farm.headers) as c:
+        r = c.get("/v1/resolve", params={"model": "prog-guards", "ref": "1", "input": INPUTS,
+                                         "target": CPU,
+                                         "options": json.dumps({"backend": "inductor"})})
+    assert r.status_code == 404
+    assert r.json()["rejections"][0]["code"] == "options"
