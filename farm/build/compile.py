@@ -163,6 +163,8 @@ def compile_artifacts(
         raise CompileError(f"unknown formats {unknown}; known: {', '.join(ARTIFACT_FILES)}")
     if FORMAT_AOTI in wanted and spec.grad_mode is GradMode.TRAINING:
         raise CompileError("an AOTI package is inference-only: it has no backward")
+    if FORMAT_AOTI in wanted:
+        _use_chosen_compiler(target_device)
     if FORMAT_AOTI in wanted and spec.options.backend != "inductor":
         raise CompileError(str(aoti_not_applicable(spec)))
     out_dir = Path(out_dir)
@@ -219,6 +221,20 @@ def compile_artifacts(
             art.meta["formats_skipped"] = {
                 fmt: why for fmt, why in skipped.items() if fmt not in failed}
     return out
+
+
+def _use_chosen_compiler(device: str) -> None:
+    """The compiler this machine's check chose (``farm.build.toolchain``,
+    cached), when nothing in this process set one yet: a package names its
+    compiler in its bytes, so an explicitly requested AOTI build must run the
+    same one as a default build for the same bytes."""
+    from farm.build.toolchain import compiler_for, current_compiler
+
+    if current_compiler() is None:
+        try:
+            compiler_for(device)
+        except Exception as exc:  # the check's own trouble: Inductor's default, linkage-checked
+            log.warning("no compiler choice for %s: %s", device, exc)
 
 
 def compile_job(payload: dict[str, Any]) -> dict[str, Any]:
