@@ -31,7 +31,7 @@ import pytest
 from sqlalchemy import update
 
 from registry import models as m
-from tests.fixtures.farm import ADMIN_TOKEN, ROOT, _wait_http, free_port
+from tests.fixtures.farm import ADMIN_TOKEN, ROOT, _wait_http, free_port, models_pack
 from tests.fixtures.faults import FaultFarm, MakeFarm, farm_spec
 from tests.slowdown import scaled
 
@@ -94,7 +94,9 @@ def test_redis_restart_loses_every_message_and_no_job_is_lost(faults: FaultFarm)
     t0 = time.monotonic()
     faults.redis.stop()  # no persistence: the queues and unacked messages are gone
     with faults.http() as c:
-        r = c.post("/v1/jobs", json=linear("redis-c", 7))  # submitted while it is down
+        # With the test models' code pack, as faults.submit sends them.
+        code = faults.upload_pack(models_pack())
+        r = c.post("/v1/jobs", json={**linear("redis-c", 7), "code_digest": code})
         assert r.status_code == 201, r.text
         during = r.json()
         assert during["enqueued"] is False and "broker" in during["warning"], during
@@ -102,7 +104,8 @@ def test_redis_restart_loses_every_message_and_no_job_is_lost(faults: FaultFarm)
     faults.redis.start()
     down_s = time.monotonic() - t0
     with faults.http() as c:
-        r = c.post("/v1/jobs", json=linear("redis-a", 6, version="2"))  # same build as a
+        r = c.post("/v1/jobs",  # same build as a
+                   json={**linear("redis-a", 6, version="2"), "code_digest": code})
         assert r.status_code == 201, r.text
         after = r.json()
     jobs = {"a": a, "c": during["id"], "d": after["id"]}

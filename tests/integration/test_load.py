@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from registry import models as m
+from tests.fixtures.farm import models_pack
 from tests.fixtures.faults import MakeFarm, farm_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -35,7 +36,9 @@ def test_200_concurrent_submissions_complete_and_compile_once(make_farm: MakeFar
     f = make_farm("load", workers=(("trace", "trace"), ("compile", "compile"),
                                    ("compile2", "compile")))
     try:
-        specs = [spec(i % DISTINCT) for i in range(N_JOBS)]
+        # The test models travel as a code pack, as farm submit ships them.
+        code = f.upload_pack(models_pack())
+        specs = [{**spec(i % DISTINCT), "code_digest": code} for i in range(N_JOBS)]
         t0 = time.monotonic()
         limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
         with httpx.Client(base_url=f.url, headers=f.headers, timeout=60, limits=limits) as c, \
