@@ -126,6 +126,10 @@ def _add_resolve_args(p: argparse.ArgumentParser) -> None:
                    help="an artifact for training (grad enabled); default: inference")
     p.add_argument("--format", dest="formats", action="append", metavar="FORMAT",
                    help="only artifacts of this format (aot_compile, aoti); repeatable")
+    p.add_argument("--options", type=json_object, default=None, metavar="JSON",
+                   help="only artifacts built with these compile options, e.g. "
+                        "'{\"backend\": \"eager\", \"disable_guard_check\": true}' "
+                        "(unnamed ones at their defaults); default: any, the defaults first")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train", action="store_true", help="build for training (grad enabled)")
     p.add_argument("--function", action="store_true",
                    help="ENTRYPOINT is a free function compiled as it is, not a factory")
+    p.add_argument("--external-data", dest="external_data", action="append", default=[],
+                   metavar="NAME",
+                   help="with --function: a global the function captures that torch cannot "
+                        "save (an nn.Module); the node supplies it at load (repeatable)")
     p.add_argument("--wait", action="store_true", help="wait for the builds, showing progress")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="with --wait: give up after S seconds")

@@ -100,7 +100,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             name=args.name,
             version=args.version,
             model=ModelRef(entrypoint=plan.entrypoint, kwargs=args.kwargs,
-                           kind="function" if args.function else "factory"),
+                           kind="function" if args.function else "factory",
+                           external_data=tuple(args.external_data)),
             inputs=tuple(args.inputs),
             grad_mode=GradMode.TRAINING if args.train else GradMode.INFERENCE,
             options=CompileOptions(mode=args.mode, backend=args.backend,
@@ -231,7 +232,8 @@ def _resolve(args: argparse.Namespace, client: Any) -> dict[str, Any]:
     target = _resolve_target(args.target)
     mode = GradMode.TRAINING if args.train else GradMode.INFERENCE
     try:
-        return dict(client.resolve(name, ref, args.inputs, mode, target, formats=args.formats))
+        return dict(client.resolve(name, ref, args.inputs, mode, target, formats=args.formats,
+                                   options=getattr(args, "options", None)))
     except NotFoundError as exc:
         if args.json:
             _print_json(exc.detail if isinstance(exc.detail, dict) else {"detail": str(exc)})

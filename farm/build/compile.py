@@ -64,6 +64,7 @@ from farm.core.modelref import (
     apply_grad_mode,
     build_module,
     example_inputs,
+    external_objects,
     grad_context,
 )
 from farm.core.specs import GradMode, JobSpec, canonical_json
@@ -98,6 +99,12 @@ def aoti_not_applicable(spec: JobSpec) -> str | None:
     """Why ``spec`` asks for something an AOTI package cannot be (None: it can)."""
     if spec.grad_mode is not GradMode.INFERENCE:
         return "AOTI packages are inference-only"
+    if spec.model.external_data:
+        # The captured module's weights would be constants of the package
+        # that no node module supplies by name.
+        return ("AOTI packages of a function with external_data are not built: its captured "
+                f"objects ({', '.join(spec.model.external_data)}) would be constants the "
+                "node cannot supply")
     if spec.options.backend != "inductor":
         # torch.export + AOTInductor is Inductor code generation; an eager or
         # aot_eager build has no generated code to package.
@@ -347,7 +354,12 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
     with grad_context(spec.grad_mode):
         compiled_fn = aot((args, {}))
         trace_compile_s = time.perf_counter() - t0
-        compiled_fn.save_compiled_function(str(path))
+        external = external_objects(spec.model, model)
+        if external:
+            # Saved as references by name; the node passes its own at load.
+            compiled_fn.save_compiled_function(str(path), external_data=external)
+        else:
+            compiled_fn.save_compiled_function(str(path))
         tuned = 0
         if tune_dir is not None:
             t1 = time.perf_counter()
@@ -366,6 +378,8 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
         "calling_convention": "module" if isinstance(model, nn.Module) else "function",
         "trace_and_lower_s": round(trace_compile_s, 3),
         "guards": policy.summary,
+        # Names the node must pass as external_data at load (empty: none).
+        "external_data": list(spec.model.external_data),
         # CPU artifacts hold C++ source: loading compiles it on the node.
         "load_needs_cxx_compiler": device.type == "cpu",
     }
@@ -496,6 +510,16 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
     if march and hasattr(inductor_config.cpp, "march"):
         configs["cpp.march"] = march
     configs.update(mode_options(spec.options.mode))
+    gemm_backends = None
+    if device.type == "cpu" and configs.get("max_autotune"):
+        # max-autotune's CPP GEMM template prepacks each weight it picks into
+        # a blocked layout at compile time: a new constant ("constant4")
+        # computed from this host's uninitialised weight, which a weight-free
+        # package cannot carry and no node module can supply (its loader
+        # failed: "module lacks constant4"). ATen GEMMs take the node's own
+        # weights; the mode's other options (epilogue fusion...) stay.
+        gemm_backends = "ATEN"
+        configs["max_autotune_gemm_backends"] = gemm_backends
 
     t0 = time.perf_counter()
     with reproducible_cache_dir(_build_key(spec, device)):
@@ -520,6 +544,8 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         "march": march or "native",
         "weights_in_package": False,
         "load_needs_cxx_compiler": False,
+        # Set only where the farm narrows max-autotune's GEMM choices (CPU).
+        **({"gemm_backends": gemm_backends} if gemm_backends else {}),
         "calling_convention": farm_meta["calling_convention"],
     }
 

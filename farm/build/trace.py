@@ -58,7 +58,11 @@ from farm.core import fingerprint as fp
 from farm.core.modelref import (
     apply_grad_mode,
     build_module,
+    check_value_ranges,
+    embedding_size,
     example_inputs,
+    external_device,
+    external_objects,
     grad_context,
     iter_named_tensors,
     model_class_name,
@@ -158,16 +162,30 @@ def trace(spec: JobSpec, *, regions: bool = True) -> TraceReport:
 
     start = time.perf_counter()
     model = build_module(spec.model, device="meta")
-    inputs = example_inputs(spec.inputs, device="meta")
+    # A function's captured module (external_data) has real weights: Dynamo
+    # fakes the inputs on their device, as meta inputs would mismatch them.
+    ext_device = external_device(external_objects(spec.model, model))
+    inputs = example_inputs(spec.inputs, device=ext_device or "meta")
     tensors: list[tuple[str, str, torch.Tensor]] = []
     if isinstance(model, nn.Module):
         apply_grad_mode(model, spec.grad_mode)
         tensors = list(iter_named_tensors(model))
+        check_value_ranges(spec.inputs, embedding_size(model))
 
     try:
         gm, capture = _capture_with_fallback(model, inputs, spec, regions=regions)
         analysis = _analyse(gm)
         ghash = fp.graph_hash(gm)
+    except CaptureError as exc:
+        if spec.model.kind == "function" and "at least two devices, meta and" in exc.reason:
+            # The function uses an object with real tensors (a module-level
+            # nn.Module) that the job did not declare.
+            raise type(exc)(
+                f"{exc.reason} (the function captures tensors of its own, e.g. a module-level "
+                "nn.Module: declare it with external_data, e.g. --external-data NAME, and "
+                "the node supplies it at load)", location=exc.location, detail=exc.detail,
+            ) from exc
+        raise
     finally:
         torch.compiler.reset()
     returns = _return_structure(model, inputs, spec)
@@ -185,6 +203,7 @@ def trace(spec: JobSpec, *, regions: bool = True) -> TraceReport:
             code_digest=spec.code_digest,
             model_class=model_class_name(model),
             returns=returns,
+            external_data=spec.model.external_data,
         ),
         graph_hash=ghash,
         param_count=sum(p.numel() for p in params),

@@ -242,21 +242,6 @@ def describe_input_values(specs: Sequence[TensorSpec],
     return out
 
 
-def check_value_ranges(specs: Sequence[TensorSpec], embed: tuple[str, int] | None) -> None:
-    """A declared range the model's embedding cannot index fails here, with
-    words, instead of as an index error inside eager."""
-    # With several inputs an integer one need not be token ids (positions,
-    # lengths): only a lone input is known to index the embedding.
-    if embed is None or len(specs) != 1:
-        return
-    for s in specs:
-        if s.values is not None and (s.values[1] >= embed[1] or s.values[0] < 0):
-            raise ValueError(
-                f"input {s} declares values {s.values[0]}..{s.values[1]}, but the model's "
-                f"nn.Embedding {embed[0]!r} has {embed[1]} entries (ids 0..{embed[1] - 1}); "
-                f"the range is inclusive: declare {{0..{embed[1] - 1}}}")
-
-
 def check_sizes(specs: Sequence[TensorSpec]) -> list[list[list[int]]]:
     """The example shapes, plus one more shape per dynamic dim's range (a size
     other than the example proves the artifact did not specialise)."""
@@ -289,8 +274,10 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
         apply_grad_mode,
         build_module,
         build_real,
+        check_value_ranges,
         embedding_size,
         example_inputs,
+        external_objects,
         grad_context,
     )
     from farm.node.loader import load_artifact
@@ -369,7 +356,8 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
                 # The worker's own fresh build, not yet attested: attesting it is
                 # what passing this check leads to.
                 fn = load_artifact(payload["path"], fmt, module=model, trust_unverified=True,
-                                   disable_guard_check=spec.options.disable_guard_check)
+                                   disable_guard_check=spec.options.disable_guard_check,
+                                   external_data=external_objects(spec.model, model))
             report.load_s = round(time.perf_counter() - t0, 4)
             t0 = time.perf_counter()
             with watch.phase() as first_events:

@@ -219,6 +219,7 @@ def fingerprint(
     code_digest: str | None,
     model_class: str,
     returns: str = "",
+    external_data: Sequence[str] = (),
 ) -> str:
     """sha256 over the graph hash, parameter/buffer lines, inputs, grad mode,
     options and the code, each part length-prefixed so no two part lists collide.
@@ -247,6 +248,7 @@ def fingerprint(
         code_digest or "",
         model_class,
         returns,
+        ",".join(external_data),
     ):
         data = part.encode()
         h.update(len(data).to_bytes(8, "big"))

@@ -200,6 +200,34 @@ def build_real(
     return built
 
 
+def external_objects(model: ModelRef, fn: Any) -> dict[str, Any]:
+    """The objects a function job declares as ``external_data``: its module's
+    globals of those names (what a build saves references to, and what a
+    verifier, like a node, supplies at load)."""
+    if not model.external_data:
+        return {}
+    found = getattr(fn, "__globals__", None) or {}
+    missing = [n for n in model.external_data if n not in found]
+    if missing:
+        raise ModelBuildError(
+            f"external_data {missing} are not globals of {model.entrypoint.partition(':')[0]!r}"
+            f" (it has {sorted(k for k in found if not k.startswith('_'))[:20]}); name the "
+            "module-level objects the function uses")
+    return {n: found[n] for n in model.external_data}
+
+
+def external_device(objects: dict[str, Any]) -> torch.device | None:
+    """The device of the external objects' tensors (a captured module's
+    weights): a trace must fake its inputs there, not on meta."""
+    for obj in objects.values():
+        if isinstance(obj, nn.Module):
+            for t in (*obj.parameters(), *obj.buffers()):
+                return t.device
+        elif isinstance(obj, torch.Tensor):
+            return obj.device
+    return None
+
+
 def embedding_size(module: Any) -> tuple[str, int] | None:
     """(name, num_embeddings) of the module's first ``nn.Embedding``: the range
     of token ids an integer input without a declared range is drawn from."""
@@ -209,6 +237,22 @@ def embedding_size(module: Any) -> tuple[str, int] | None:
         if isinstance(sub, nn.Embedding):
             return name, int(sub.num_embeddings)
     return None
+
+
+def check_value_ranges(specs: Sequence[TensorSpec], embed: tuple[str, int] | None) -> None:
+    """A declared value range the model's embedding cannot index fails here
+    (at trace, in seconds), with words, instead of as an index error inside
+    eager at verification, minutes later."""
+    # With several inputs an integer one need not be token ids (positions,
+    # lengths): only a lone input is known to index the embedding.
+    if embed is None or len(specs) != 1:
+        return
+    for s in specs:
+        if s.values is not None and (s.values[1] >= embed[1] or s.values[0] < 0):
+            raise ModelBuildError(
+                f"input {s} declares values {s.values[0]}..{s.values[1]}, but the model's "
+                f"nn.Embedding {embed[0]!r} has {embed[1]} entries (ids 0..{embed[1] - 1}); "
+                f"the range is inclusive: declare {{0..{embed[1] - 1}}}")
 
 
 def materialize(

@@ -73,6 +73,7 @@ MAX_DIMS = 8
 _ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 MIN_DYNAMIC = 2
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class SpecError(ValueError):
@@ -341,8 +342,22 @@ class ModelRef:
     entrypoint: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     kind: str = "factory"
+    # A free function's captured objects that torch cannot serialize (an
+    # nn.Module with its weights): names of globals of the function's module.
+    # Saved as references (``save_compiled_function(external_data=...)``); the
+    # node supplies its own objects under the same names at load.
+    external_data: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.external_data, tuple) or not all(
+                isinstance(n, str) and _IDENT_RE.match(n) for n in self.external_data):
+            raise SpecError(f"external_data must be names of the function's globals (Python "
+                            f"identifiers), got {self.external_data!r}")
+        if len(set(self.external_data)) != len(self.external_data):
+            raise SpecError(f"external_data names a global twice: {list(self.external_data)}")
+        if self.external_data and self.kind != "function":
+            raise SpecError("external_data is for a free function's captured objects "
+                            "(kind 'function'); a factory's module holds its own weights")
         if not _ENTRYPOINT_RE.match(self.entrypoint):
             raise SpecError(
                 f"bad entrypoint {self.entrypoint!r}: expected 'package.module:callable'"
@@ -357,10 +372,16 @@ class ModelRef:
             raise SpecError(f"factory kwargs must be JSON: {exc}") from None
 
     def __hash__(self) -> int:
-        return hash((self.entrypoint, canonical_json(dict(self.kwargs)), self.kind))
+        return hash((self.entrypoint, canonical_json(dict(self.kwargs)), self.kind,
+                     self.external_data))
 
     def to_json(self) -> dict[str, Any]:
-        return {"entrypoint": self.entrypoint, "kwargs": dict(self.kwargs), "kind": self.kind}
+        data: dict[str, Any] = {
+            "entrypoint": self.entrypoint, "kwargs": dict(self.kwargs), "kind": self.kind}
+        if self.external_data:
+            # Only when declared: specs stored before it keep their exact JSON.
+            data["external_data"] = list(self.external_data)
+        return data
 
 
 @dataclass(frozen=True)
@@ -423,6 +444,7 @@ class JobSpec:
                     entrypoint=str(model["entrypoint"]),
                     kwargs=dict(model.get("kwargs") or {}),
                     kind=str(model.get("kind", "factory")),
+                    external_data=_names(model.get("external_data")),
                 ),
                 inputs=parse_inputs(data["inputs"]),
                 grad_mode=grad_mode,
@@ -435,6 +457,14 @@ class JobSpec:
             raise SpecError(f"job spec is missing {exc.args[0]!r}") from None
         except (TypeError, AttributeError) as exc:
             raise SpecError(f"malformed job spec: {exc}") from None
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise SpecError(f"external_data must be a list of names, e.g. [\"model\"], got {value!r}")
+    return tuple(str(v) for v in value)
 
 
 def canonical_json(value: Any) -> str:

@@ -464,7 +464,7 @@ class FarmClient:
         target: Target | str | None = "auto",
         *,
         formats: Sequence[str] | None = None,
-        options: Mapping[str, str] | None = None,
+        options: Mapping[str, Any] | None = None,
         offline: bool = False,
     ) -> dict[str, Any]:
         """The farm's best artifact for this node (``farm resolve``), with
@@ -805,8 +805,11 @@ class FarmClient:
         return make_bundle(attestation=artifact["attestation"], trust_list=self.trust_list(),
                            request=verified.request, farm_url=self.url)
 
-    def load(self, resolved: Mapping[str, Any], *, module: Any = None) -> Callable[..., Any]:
-        """Fetch and verify (see ``fetch_verified``), then load the artifact."""
+    def load(self, resolved: Mapping[str, Any], *, module: Any = None,
+             external_data: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+        """Fetch and verify (see ``fetch_verified``), then load the artifact.
+        ``external_data``: this node's objects for a function artifact that
+        captures them, by the names its job declared."""
         from farm.node.loader import load_artifact
 
         artifact = resolved.get("artifact", resolved)
@@ -814,7 +817,8 @@ class FarmClient:
         return load_artifact(path, artifact["format"], module=module, attestation=verified,
                              trust_unverified=verified is None,
                              disable_guard_check=bool(
-                                 (artifact.get("options") or {}).get("disable_guard_check")))
+                                 (artifact.get("options") or {}).get("disable_guard_check")),
+                             external_data=external_data)
 
 
 def _retry_after(r: httpx.Response, default: float) -> float:

@@ -29,7 +29,7 @@ import json
 import logging
 import operator
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,7 @@ def load_artifact(
     trust_unverified: bool = False,
     root_key: Any = None,
     disable_guard_check: bool = False,
+    external_data: Mapping[str, Any] | None = None,
 ) -> Callable[..., Any]:
     """Check ``path`` is attested, then load it and return a callable that
     takes only the model inputs.
@@ -96,6 +97,10 @@ def load_artifact(
     record carries): the loaded ``aot_compile`` function skips its guard
     check on every call (torch's ``disable_guard_check()``); an AOTI package
     has no Dynamo guards, so it is ignored there.
+
+    ``external_data``: the node's own objects for an artifact of a function
+    that captures unserializable ones (an ``nn.Module``), by the names its
+    job declared (the artifact's ``meta["external_data"]``).
     """
     from farm.node import verify
 
@@ -115,7 +120,8 @@ def load_artifact(
                  verified.build_key[:12], verified.model, verified.version,
                  verified.builder_keyid[:16])
     if format == FORMAT_AOT_COMPILE:
-        return _load_aot_compile(Path(path), module, disable_guard_check=disable_guard_check)
+        return _load_aot_compile(Path(path), module, disable_guard_check=disable_guard_check,
+                                 external_data=external_data)
     if format == FORMAT_AOTI:
         return _load_aoti(Path(path), module, device_index=device_index)
     raise ArtifactLoadError(f"unknown artifact format {format!r}; known: {', '.join(FORMATS)}")
@@ -223,8 +229,8 @@ def _read_bundle(path: Path) -> tuple[bytes, dict[str, bytes]]:
     return payload, configs
 
 
-def _load_aot_compile(path: Path, module: Any, *,
-                      disable_guard_check: bool = False) -> Callable[..., Any]:
+def _load_aot_compile(path: Path, module: Any, *, disable_guard_check: bool = False,
+                      external_data: Mapping[str, Any] | None = None) -> Callable[..., Any]:
     import io
 
     import torch
@@ -240,11 +246,13 @@ def _load_aot_compile(path: Path, module: Any, *,
         fh: Any = io.BytesIO(payload)
     else:
         fh = open(path, "rb")  # noqa: SIM115
+    kw: dict[str, Any] = {}
+    if f_globals is not None:
+        kw["f_globals"] = f_globals
+    if external_data:
+        kw["external_data"] = dict(external_data)
     with fh:
-        if f_globals is not None:
-            fn = torch.compiler.load_compiled_function(fh, f_globals=f_globals)
-        else:
-            fn = torch.compiler.load_compiled_function(fh)
+        fn = torch.compiler.load_compiled_function(fh, **kw)
     if disable_guard_check:
         off = getattr(fn, "disable_guard_check", None)
         if off is None:

@@ -38,6 +38,10 @@ class ModelRefIn(BaseModel):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="JSON kwargs of the factory")
     kind: str = Field(default="factory", description="'factory' (returns an nn.Module) or "
                                                      "'function' (compiled as it is)")
+    external_data: list[Annotated[str, Field(max_length=128)]] = Field(
+        default_factory=list, max_length=32,
+        description="a function's captured objects torch cannot serialize (an nn.Module): "
+                    "names of its module's globals, which the node supplies at load")
 
 
 class JobSpecIn(BaseModel):

@@ -16,6 +16,8 @@ def main() -> None:
     p.add_argument("--entrypoint", required=True)
     p.add_argument("--input", action="append", required=True)
     p.add_argument("--options", default=None, help="JSON object of compile options to ask for")
+    p.add_argument("--external-data", action="append", default=[],
+                   help="a global of the function's module to pass as external_data")
     p.add_argument("--call-shape", default=None,
                    help="call with inputs of this shape (comma-separated) instead")
     a = p.parse_args()
@@ -34,7 +36,8 @@ def main() -> None:
                               options=json.loads(a.options) if a.options else None)
     art = resolved["artifact"]
     fn = load_callable(a.entrypoint)
-    loaded = client.load(resolved, module=fn)
+    external = {n: fn.__globals__[n] for n in a.external_data}
+    loaded = client.load(resolved, module=fn, external_data=external or None)
     gen = torch.Generator().manual_seed(1)
     shape = (tuple(int(n) for n in a.call_shape.split(",")) if a.call_shape else None)
     xs = [torch.randn(shape or s.shape, generator=gen) for s in specs]

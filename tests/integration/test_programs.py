@@ -27,6 +27,7 @@ import pytest
 from farm.app.console import _job_lines
 from farm.core.target import detect_local_target
 from tests.fixtures.farm import ROOT, Farm
+from tests.slowdown import scaled
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("programs")]
 
@@ -143,3 +144,73 @@ def test_backend_and_disable_guard_check_are_recorded_asked_for_and_honoured(
                                          "options": json.dumps({"backend": "inductor"})})
     assert r.status_code == 404
     assert r.json()["rejections"][0]["code"] == "options"
+
+
+def factory_job(name: str, entrypoint: str, inputs: list[str]) -> dict[str, Any]:
+    return {"name": name, "version": "1", "model": {"entrypoint": entrypoint},
+            "inputs": inputs, "options": {"backend": "eager"}, "targets": ["cpu"]}
+
+
+# Four builds, one after another on one compile worker of a shared 2-core machine.
+@pytest.mark.timeout(scaled(900))
+def test_verification_runs_on_realistic_inputs_and_real_buffers(farm: Farm) -> None:
+    # Submitted together: the farm traces and builds them while we wait.
+    ids = [farm.submit(factory_job(name, f"tests.models.programs:{entry}", inputs))
+           for name, entry, inputs in [
+               ("prog-tokens", "token_model", ["int64[2,16]"]),
+               ("prog-tokens-ranged", "token_model", ["int64[2,16]{5..9}"]),
+               ("prog-rotary", "rotary", ["float32[2,8,16]"]),
+               ("prog-tokens-wide", "token_model", ["int64[2,16]{0..97}"])]]
+    tokens, ranged, rotary, too_wide = (farm.wait_job(i, timeout=900) for i in ids)
+    for job in (tokens, ranged, rotary):
+        assert job["state"] == "succeeded", json.dumps(job, indent=1)[:6000]
+
+    def report(job: dict[str, Any]) -> dict[str, Any]:
+        (art,) = job["builds"][0]["artifacts"]
+        return dict(art["meta"]["verify"])
+
+    # No range declared: token ids below the model's 97-entry embedding.
+    assert report(tokens)["input_values"] == [
+        "int64[2,16]: uniform in 0..96 (nn.Embedding embed: 97 entries)"]
+    assert report(ranged)["input_values"] == ["int64[2,16]{5..9}: uniform in 5..9 (declared)"]
+    # The range is part of the build: not deduplicated with the unranged one.
+    assert tokens["builds"][0]["build_key"] != ranged["builds"][0]["build_key"]
+    # Built for real: the rotary table is what __init__ computes, not zeros.
+    for job in (tokens, rotary):
+        rep = report(job)
+        assert rep["model_init"] == "real"
+        (out,) = rep["outputs"]
+        assert out["output"] == "output" and out["ok"] and out["max_abs_err"] <= out["tol"]
+        assert out["tol"] > 0 and out["dtype"] == "float32"
+    # A declared range the embedding cannot index fails at trace, in words.
+    assert too_wide["state"] == "failed"
+    error = too_wide["error"]
+    assert "has 97 entries (ids 0..96); the range is inclusive: declare {0..96}" in error, error
+
+
+def test_a_function_with_a_captured_module_declares_it_as_external_data(farm: Farm) -> None:
+    entry = "tests.models.programs:use_captured"
+    undeclared = farm.wait_job(farm.submit({**function_job("prog-captured", entry),
+                                            "inputs": ["float32[4,8]"]}))
+    assert undeclared["state"] == "failed"
+    assert "declare it with external_data" in undeclared["error"], undeclared["error"]
+    spec = {**function_job("prog-captured", entry), "inputs": ["float32[4,8]"], "version": "2"}
+    spec["model"] = {**spec["model"], "external_data": ["captured"]}
+    job = farm.wait_job(farm.submit(spec))
+    assert job["state"] == "succeeded", json.dumps(job, indent=1)[:6000]
+    assert job["spec"]["model"]["external_data"] == ["captured"]
+    (art,) = job["builds"][0]["artifacts"]
+    assert art["meta"]["external_data"] == ["captured"]
+    assert "external_data" in job["builds"][0]["formats_skipped"]["aoti"]
+    # A fresh node supplies its own module (the same seeded weights) at load.
+    args = [sys.executable, str(NODE), "--model", "prog-captured", "--entrypoint", entry,
+            "--input", "float32[4,8]", "--external-data", "captured"]
+    out = subprocess.run(args, env={**farm.env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["type"] == "torch.Tensor" and got["max_abs_err"] == 0.0, got
+    # Without it, torch refuses to load, saying what is missing.
+    out = subprocess.run(args[:-2], env={**farm.env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "external" in out.stderr.lower(), out.stderr[-2000:]

@@ -71,3 +71,22 @@ class TokenModel(nn.Module):
 
 def token_model() -> TokenModel:
     return TokenModel()
+
+
+def _seeded_linear(d: int) -> nn.Linear:
+    layer = nn.Linear(d, d)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(d, d, generator=gen) / d**0.5)
+        layer.bias.copy_(torch.randn(d, generator=gen))
+    return layer
+
+
+# A module the function below captures: torch cannot pickle it into the
+# artifact, so the job declares it as external_data and the node supplies it.
+# Seeded, so every process that imports this module holds the same weights.
+captured = _seeded_linear(8)
+
+
+def use_captured(x: torch.Tensor) -> torch.Tensor:
+    return captured(x).relu() * 2.0

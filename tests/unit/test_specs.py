@@ -391,3 +391,20 @@ def test_the_api_pattern_takes_what_the_parser_takes() -> None:
         assert str(TensorSpec.parse(text)) == text
     for text in ["int64[1]{7}", "int64[1]{..3}"]:
         assert not re.match(INPUT_PATTERN, text), text
+
+
+def test_external_data_names_a_functions_globals() -> None:
+    job = JobSpec.from_json({**JOB, "model": {"entrypoint": "progs:use_net", "kind": "function",
+                                              "external_data": ["net"]}})
+    assert job.model.external_data == ("net",)
+    assert JobSpec.from_json(job.to_json()) == job
+    # Left out when empty: specs stored before it keep their JSON.
+    assert "external_data" not in JobSpec.from_json(JOB).to_json()["model"]
+    for model, words in [
+        ({"entrypoint": "m:f", "external_data": ["net"]}, "is for a free function"),
+        ({"entrypoint": "m:f", "kind": "function", "external_data": ["a-b"]}, "identifiers"),
+        ({"entrypoint": "m:f", "kind": "function", "external_data": ["a", "a"]}, "twice"),
+        ({"entrypoint": "m:f", "kind": "function", "external_data": "net"}, "a list of names"),
+    ]:
+        with pytest.raises(SpecError, match=words):
+            JobSpec.from_json({**JOB, "model": model})

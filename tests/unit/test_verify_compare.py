@@ -15,11 +15,16 @@ from farm.build.verify import (
     VerifyReport,
     _compare_tree,
     _Worst,
-    check_value_ranges,
     describe_input_values,
 )
 from farm.core.fingerprint import return_structure
-from farm.core.modelref import build_real, embedding_size, example_inputs
+from farm.core.modelref import (
+    ModelBuildError,
+    build_real,
+    check_value_ranges,
+    embedding_size,
+    example_inputs,
+)
 from farm.core.specs import ModelRef, parse_inputs
 from tests.models.programs import Boxed, TokenModel, add, add_boxed
 
@@ -87,7 +92,7 @@ def test_integer_inputs_come_from_the_declared_range_or_the_embedding() -> None:
     assert embedding_size(model) == ("embed", 97)
     assert describe_input_values(parse_inputs(["int64[1,16]"]), ("embed", 97)) == [
         "int64[1,16]: uniform in 0..96 (nn.Embedding embed: 97 entries)"]
-    with pytest.raises(ValueError, match=r"has 97 entries \(ids 0..96\); the range is "
+    with pytest.raises(ModelBuildError, match=r"has 97 entries \(ids 0..96\); the range is "
                                          r"inclusive: declare \{0..96\}"):
         check_value_ranges(parse_inputs(["int64[1,16]{0..97}"]), ("embed", 97))
 
