@@ -300,6 +300,11 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
         try:
             model = build_real(spec.model, device=device, seed=SEED)
             report.model_init = "real"
+            bad = _non_finite(model)
+            if bad:
+                # torch.empty left uninitialised by a factory that inits
+                # elsewhere: garbage would make the comparison meaningless.
+                raise ModelError(f"its real build left non-finite values in {bad}")
         except ModelError as exc:
             # A factory that only works under meta (it sizes itself off the
             # device, say): the weight-free build, seeded; buffers no
@@ -544,6 +549,18 @@ def _attributes(obj: Any) -> dict[str, Any] | None:
 
 def _qual(t: type) -> str:
     return f"{t.__module__}.{t.__qualname__}"
+
+
+def _non_finite(model: Any) -> str | None:
+    """The first floating parameter or buffer holding a NaN or an infinity."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        return None
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
 
 
 def _sync(device: str) -> None:

@@ -112,3 +112,13 @@ def test_the_return_structure_tells_apart_programs_with_one_graph() -> None:
     assert plain == "Tensor:float32/2"
     assert boxed == "tests.models.programs.Boxed(scale=float,value=Tensor:float32/2)"
     assert return_structure((x, {"a": x})) == "tuple(Tensor:float32/2,dict('a':Tensor:float32/2))"
+
+
+def test_a_real_build_with_uninitialised_values_is_caught() -> None:
+    from farm.build.verify import _non_finite
+
+    model = TokenModel()
+    assert _non_finite(model) is None
+    with torch.no_grad():
+        model.head.bias[3] = float("nan")
+    assert _non_finite(model) == "head.bias"
