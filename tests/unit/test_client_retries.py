@@ -58,5 +58,6 @@ def test_connection_errors_are_retried_then_reported_plainly() -> None:
 def test_a_post_is_sent_once() -> None:
     c, seen = client_over(lambda _: httpx.Response(503, json={"detail": "busy"}))
     with pytest.raises(FarmUnavailable):
-        c.submit({"name": "m"})
+        c.submit({"name": "m", "version": "1", "inputs": ["float32[2,4]"],
+                  "model": {"entrypoint": "farm.zoo.basic:mlp"}})
     assert seen == ["POST"]
