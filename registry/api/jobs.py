@@ -129,7 +129,16 @@ def submit_job(body: JobSpecIn, state: State, who: Submitter, response: Response
     # trace stage, in seconds (module, callable, kwargs); code said to be
     # installed must at least be found here, where the farm runs.
     if spec.code_digest is not None:
-        if not state.store.exists(spec.code_digest):
+        try:
+            present = state.store.exists(spec.code_digest)
+        except Exception as exc:
+            # The blob store is down: take the job anyway (submission needs
+            # only the database); the worker fetches the pack, retrying
+            # while the store is unreachable, and fails the job if it is absent.
+            log.warning("cannot check code pack %s (%s: %s); job accepted",
+                        spec.code_digest[:12], type(exc).__name__, exc)
+            present = True
+        if not present:
             raise SpecError(f"code pack {spec.code_digest} is not on the farm: upload it first "
                             "(PUT /v1/code/{digest}; farm submit and FarmClient.submit do)")
     else:

@@ -210,6 +210,15 @@ def test_database_unreachable_api_answers_503_and_recovers(faults: FaultFarm) ->
 
 def test_s3_unreachable_during_upload_then_back_no_row_without_blob(faults: FaultFarm) -> None:
     assert faults.s3_proxy is not None
+    # The model's code, uploaded and unpacked on the workers (FARM_HOME/code, as
+    # any earlier build of it leaves it) before the outage: this test is about
+    # the artifact's upload, not the code's download.
+    from farm.build.codeenv import code_dir, code_root
+
+    pack = models_pack()
+    faults.upload_pack(pack)
+    code_dir(pack.digest, fetch=lambda _d, dest: dest.write_bytes(pack.data),
+             root=code_root(faults.home))
     faults.s3_proxy.cut()
     try:
         f = faults.submit(linear("s3-f", 10))
