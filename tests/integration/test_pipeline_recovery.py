@@ -15,6 +15,7 @@ from registry import models as m
 from registry.db import Database
 from tests.fixtures.farm import Farm
 from tests.integration.test_pipeline import count, job_spec
+from tests.slowdown import scaled
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +77,7 @@ def test_kill_9_compile_worker_mid_job_redelivers(farm: Farm) -> None:
                 "killme", "1", "farm.zoo.basic:mlp", inputs=["float32[5,64]"], kwargs={"hidden": 80}
             )
         )
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + scaled(180)
         victim = None
         with farm.http() as c:
             while time.monotonic() < deadline:
