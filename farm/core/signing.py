@@ -86,11 +86,14 @@ def _pem_bytes(source: KeySource) -> bytes:
     if isinstance(source, bytes):
         text = source
     elif isinstance(source, str) and "-----BEGIN" in source:
-        text = source.encode("ascii")
+        try:
+            text = source.encode("ascii")
+        except UnicodeEncodeError:
+            raise SigningKeyError("PEM text must be ASCII") from None
     else:
         try:
             text = Path(source).read_bytes()
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: a NUL in the path
             raise SigningKeyError(f"cannot read key file {os.fspath(source)!r}: {e}") from e
     if b"-----BEGIN" not in text:
         raise SigningKeyError("key is not PEM text (expected '-----BEGIN ...')")

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from farm.core import attest
 from farm.core.signing import SigningKeyError, load_public_key, public_key_pem
@@ -34,6 +34,29 @@ class KeyIn(BaseModel):
     role: Literal["builder", "names"] = Field(
         description="builder: a compile worker's key (signs builds); names: the API's name key")
     public_key: str = Field(max_length=4096, description="the public key, PEM")
+
+    @field_validator("public_key")
+    @classmethod
+    def _pem_text(cls, pem: str) -> str:
+        # Only PEM text: the key loader also reads a path, and the API must
+        # never read a file a request names.
+        if "-----BEGIN" not in pem:
+            raise ValueError("public_key must be PEM text ('-----BEGIN PUBLIC KEY-----' ...)")
+        return pem
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, name: str) -> str:
+        # The name goes into the signed trust list and the database (PostgreSQL
+        # refuses NUL in text): control characters would be a 500 or a list
+        # nobody can read.
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: no text column can store them
+            raise ValueError("a key's name must be valid UTF-8 text") from None
+        if not name.strip() or any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise ValueError("a key's name must be printable and not only whitespace")
+        return name
 
 
 class RevokeIn(BaseModel):
