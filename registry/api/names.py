@@ -15,6 +15,7 @@ from farm.core import attest
 from farm.core.attest import program_of_spec
 from farm.core.specs import JobSpec
 from registry import service
+from registry.db import Conflict
 from registry.service import trust
 
 from .state import AppState
@@ -63,8 +64,14 @@ def bind_version(state: AppState, spec: JobSpec, *, submitted_by: str | None) ->
         return
     envelope = state.signer.sign_version(model=spec.name, version=spec.version,
                                          program=program, submitted_by=submitted_by)
-    trust.put_binding(state.db, model=spec.name, kind=trust.VERSION, ref=spec.version,
-                      version=spec.version, envelope=envelope)
+    try:
+        trust.put_binding(state.db, model=spec.name, kind=trust.VERSION, ref=spec.version,
+                          version=spec.version, envelope=envelope)
+    except Conflict:
+        # A concurrent submission of the same name@version bound it first: the
+        # same program is that submission's binding, and ours is not needed.
+        if _own_program(state, spec.name, spec.version) != program:
+            raise
 
 
 def bind_alias(state: AppState, model: str, alias: str, version: str, *,
@@ -83,5 +90,11 @@ def bind_alias(state: AppState, model: str, alias: str, version: str, *,
             "then set the alias")
     envelope = state.signer.sign_alias(model=model, alias=alias, version=version,
                                        program=program, set_by=set_by)
-    trust.put_binding(state.db, model=model, kind=trust.ALIAS, ref=alias, version=version,
-                      envelope=envelope)
+    try:
+        trust.put_binding(state.db, model=model, kind=trust.ALIAS, ref=alias, version=version,
+                          envelope=envelope)
+    except Conflict:
+        # Another request created the alias's row first; aliases move, so
+        # this one replaces it (the row exists now and is updated).
+        trust.put_binding(state.db, model=model, kind=trust.ALIAS, ref=alias, version=version,
+                          envelope=envelope)
