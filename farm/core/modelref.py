@@ -147,19 +147,7 @@ def build_module(
     if model.kind == "function":
         return fn
     check_kwargs(fn, model)
-    try:
-        with torch.device("meta"):
-            built = fn(**dict(model.kwargs))
-    except Exception as exc:
-        raise ModelBuildError(
-            f"model factory {model.entrypoint!r} raised {type(exc).__name__}: {exc}",
-            traceback_text=traceback.format_exc(),
-        ) from exc
-    if not isinstance(built, nn.Module):
-        raise ModelBuildError(
-            f"model factory {model.entrypoint!r} returned {type(built).__name__}, "
-            "expected a torch.nn.Module (use kind='function' for a free function)"
-        )
+    built = _run_factory(fn, model, torch.device("meta"))
     if torch.device(device).type != "meta":
         materialize(built, device, seed=seed)
     return built
@@ -180,12 +168,19 @@ def build_real(
     check_kwargs(fn, model)
     device = torch.device(device)
     accel = device.type not in ("cpu", "meta")
+    with torch.random.fork_rng(
+        devices=[device.index or 0] if accel else [],
+        device_type=device.type if accel else "cpu",
+    ):
+        torch.manual_seed(seed)
+        return _run_factory(fn, model, device)
+
+
+def _run_factory(fn: Callable[..., Any], model: ModelRef, device: torch.device) -> nn.Module:
+    """The factory's module, built with ``device`` as the default device; what
+    it raises, or a non-module it returns, is a ModelBuildError naming it."""
     try:
-        with torch.random.fork_rng(
-            devices=[device.index or 0] if accel else [],
-            device_type=device.type if accel else "cpu",
-        ), torch.device(device):
-            torch.manual_seed(seed)
+        with device:
             built = fn(**dict(model.kwargs))
     except Exception as exc:
         raise ModelBuildError(
