@@ -10,6 +10,7 @@ consume them. The producer is made on first use, so an API that never submits
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 from farm.core.settings import get_settings
@@ -19,8 +20,19 @@ TRACE_TASK = "farm.trace"
 COMPILE_TASK = "farm.compile"
 
 
-@functools.lru_cache(maxsize=1)
+_producer_lock = threading.Lock()
+
+
 def _producer() -> Any:
+    # Made once under a lock: the API's thread pool sends from many threads at
+    # once, and concurrent first imports of celery's lazy module raced
+    # ("cannot import name 'Celery'", seen under 200 concurrent submissions).
+    with _producer_lock:
+        return _make_producer()
+
+
+@functools.lru_cache(maxsize=1)
+def _make_producer() -> Any:
     from celery import Celery
 
     settings = get_settings()

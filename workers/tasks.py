@@ -17,6 +17,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Retry
 from sqlalchemy.exc import OperationalError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from farm.build.codeenv import CodeUnavailable, code_dir, code_root
 from farm.build.sandbox import SandboxResult, SandboxUnavailable, build_isolation, run_isolated
@@ -32,6 +33,9 @@ from workers.routing import COMPILE_TASK, TRACE_TASK
 log = logging.getLogger(__name__)
 
 # Errors of the farm's own infrastructure, worth retrying.
+# How long a finished build waits for the database to take its artifacts.
+FINISH_WAIT_S = 120.0
+
 RETRYABLE: tuple[type[BaseException], ...] = (
     DatabaseUnavailable,
     OperationalError,
@@ -293,16 +297,24 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         if verify_failed:
             for a in new:
                 a.meta.setdefault("formats_failed", {}).update(verify_failed)
-        service.finish_compile(
-            db,
-            build_key,
-            target=target,
-            spec=spec,
-            fingerprint=fingerprint,
-            artifacts=new,
-            compile_s=compile_s,
-            log_text="\n".join(logs),
-        )
+        # The blobs are stored: a database blip now must not throw the build
+        # away and compile it again, so the commit waits for the database
+        # (bounded) before the task's own retry takes over.
+        for attempt in Retrying(retry=retry_if_exception_type((DatabaseUnavailable,
+                                                                OperationalError)),
+                                stop=stop_after_delay(FINISH_WAIT_S),
+                                wait=wait_exponential(multiplier=0.5, max=5), reraise=True):
+            with attempt:
+                service.finish_compile(
+                    db,
+                    build_key,
+                    target=target,
+                    spec=spec,
+                    fingerprint=fingerprint,
+                    artifacts=new,
+                    compile_s=compile_s,
+                    log_text="\n".join(logs),
+                )
 
 
 def _stage(db: Any, build_key: str, stage: str) -> None:
