@@ -366,3 +366,65 @@ class NameBinding(Base):
     version: Mapped[str] = mapped_column(String(64))
     envelope: Mapped[str] = mapped_column(Text)
     issued_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class NodeReport(Base):
+    """What a fleet node did with the farm's answer: a miss, a guard failure,
+    a JIT fallback or a load (farm.node's reporter sends them in batches).
+    Telemetry, written in bulk off the request path: a few may be lost in a
+    crash, and ``reported_at`` is the node's clock, ``received_at`` the API's."""
+
+    __tablename__ = "node_reports"
+    __table_args__ = (Index("ix_node_reports_model_kind_received", "model", "kind",
+                            "received_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    kind: Mapped[str] = mapped_column(String(16))  # miss | guard_failure | fallback | load
+    model: Mapped[str] = mapped_column(String(128))
+    ref: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    inputs: Mapped[str] = mapped_column(Text)
+    grad_mode: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(512))
+    format: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    code: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    node: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ModelPolicy(Base):
+    """Per-model fleet policy: whether a reported miss starts a build, and how
+    often (``min_interval_s``) such builds may start; ``last_build_at`` is the
+    rate limit's state, taken with a conditional UPDATE so every API replica
+    agrees on it."""
+
+    __tablename__ = "model_policies"
+
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    build_on_miss: Mapped[bool] = mapped_column(Boolean, default=False)
+    min_interval_s: Mapped[float] = mapped_column(Float, default=60.0)
+    last_build_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    updated_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class MissBuild(Base):
+    """A job started because nodes missed (build on miss): one per
+    (model, version, inputs, grad mode, target), so a herd of nodes that
+    misses the same way starts one job."""
+
+    __tablename__ = "miss_builds"
+    __table_args__ = (UniqueConstraint("model", "version", "inputs", "grad_mode", "target"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(128))
+    version: Mapped[str] = mapped_column(String(64))
+    inputs: Mapped[str] = mapped_column(String(2048))
+    grad_mode: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(512))
+    job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
