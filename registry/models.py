@@ -428,3 +428,16 @@ class MissBuild(Base):
     target: Mapped[str] = mapped_column(String(512))
     job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class CacheSalt(Base):
+    """The salt of a target's shared compile cache (``farm.build.compile_cache``):
+    part of every entry's namespace, so a new salt disowns every entry written
+    before it (REAPI's cache salt). No row: the target's first salt, ``"0"``."""
+
+    __tablename__ = "cache_salts"
+
+    target: Mapped[str] = mapped_column(String(512), primary_key=True)
+    salt: Mapped[str] = mapped_column(String(64))
+    updated_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
