@@ -479,7 +479,7 @@ def dynamic_hint(result: Resolution, *, inputs: Sequence[TensorSpec]) -> str | N
         return None
     specs = []
     for have, want in zip(built, inputs, strict=True):
-        if have.dtype != want.dtype or len(have.dims) != len(want.dims):
+        if have.name != want.name or have.dtype != want.dtype or len(have.dims) != len(want.dims):
             return None
         dims = []
         for h, w in zip(have.dims, want.dims, strict=True):
@@ -489,7 +489,7 @@ def dynamic_hint(result: Resolution, *, inputs: Sequence[TensorSpec]) -> str | N
             lo = max(2, min(h.lo, w.lo))
             hi = None if h.hi is None or w.hi is None else max(h.hi, w.hi)
             dims.append(Dim(lo, hi))
-        specs.append(TensorSpec(have.dtype, tuple(dims)))
+        specs.append(TensorSpec(have.dtype, tuple(dims), name=have.name))
     wanted_small = any(w.lo < 2 and h != w for have, want in zip(built, inputs, strict=True)
                        for h, w in zip(have.dims, want.dims, strict=True))
     flags = " ".join(f"--input '{s}'" for s in specs)

@@ -23,6 +23,22 @@ artifact was verified on, not what it accepts (``covers`` ignores it).
 
 Dynamic dims start at 2 or more: torch specialises sizes 0 and 1, so an
 artifact "for 1..64" would silently recompile (or fail its guards) at 1.
+
+Keyword and structured inputs: a spec may start with where its tensor goes::
+
+    item   := [path "="] spec
+    path   := NAME                 keyword argument NAME
+            | NAME ("." KEY)+      key KEY of the dict passed as keyword NAME
+            | INT ("." KEY)+       key KEY of the dict passed as positional INT
+
+    input_ids=int64[1,16]{0..31999}  attention_mask=int64[1,16]{1..1}
+    batch.x=float32[4,8]  batch.mask=bool[4,8]    forward(self, batch: dict)
+
+A spec without a path is the next positional argument, as before, so every
+stored spec keeps its exact text (and its build key). ``parse_inputs`` puts a
+list in its canonical order (positional arguments by position, then keywords
+by name, dict keys sorted), so one call has one text whatever order it was
+typed in; ``call_args`` turns one tensor per spec into that ``(args, kwargs)``.
 """
 
 from __future__ import annotations
@@ -74,6 +90,8 @@ _ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A
 MIN_DYNAMIC = 2
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# An input's path: a keyword NAME or a positional INT, then dict KEYs.
+_PATH_RE = re.compile(r"^(?:[A-Za-z_]\w*|[0-9]+)(?:\.[A-Za-z_]\w*)*$")
 
 
 class SpecError(ValueError):
@@ -161,8 +179,18 @@ class TensorSpec:
     # Integer dtypes only: (lo, hi), the inclusive range of values realistic
     # inputs take (verification draws from it); None: not declared.
     values: tuple[int, int] | None = None
+    # Where the tensor goes in the call: "" the next positional argument,
+    # "input_ids" a keyword, "batch.x" key x of the dict passed as batch,
+    # "0.x" key x of the dict passed as positional argument 0.
+    name: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or (self.name and not _PATH_RE.match(self.name)):
+            raise SpecError(f"bad input name {self.name!r}: a keyword (input_ids), a dict key "
+                            "under a keyword (batch.x) or under a position (0.x)")
+        if self.name and self.name.isdigit():
+            raise SpecError(f"input name {self.name!r} is a position: write a positional input "
+                            "without a name, or a dict key under it (0.x)")
         if self.dtype not in DTYPES:
             raise SpecError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPES)}")
         if self.values is not None:
@@ -197,7 +225,8 @@ class TensorSpec:
     def covers(self, other: TensorSpec) -> bool:
         """True when an artifact built for ``self`` accepts every input ``other`` describes."""
         return (
-            self.dtype == other.dtype
+            self.name == other.name
+            and self.dtype == other.dtype
             and len(self.dims) == len(other.dims)
             and all(a.contains(b) for a, b in zip(self.dims, other.dims, strict=True))
         )
@@ -206,12 +235,24 @@ class TensorSpec:
         text = f"{self.dtype}[{','.join(str(d) for d in self.dims)}]"
         if self.values is not None:
             text += f"{{{self.values[0]}..{self.values[1]}}}"
-        return text
+        return f"{self.name}={text}" if self.name else text
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        """The name's parts: ("input_ids",), ("batch", "x"), ("0", "x"); () positional."""
+        return tuple(self.name.split(".")) if self.name else ()
 
     @classmethod
     def parse(cls, text: str) -> TensorSpec:
         if not isinstance(text, str):
             raise SpecError(f"input spec must be a string like 'float32[8,64]', got {text!r}")
+        name = ""
+        if "=" in text:
+            name, _, text = (p.strip() for p in text.partition("="))
+            if not _PATH_RE.match(name) or name.isdigit():
+                raise SpecError(f"bad input name {name!r} in {name}={text}: expected a keyword "
+                                "(input_ids=int64[1,16]), a dict key under a keyword "
+                                "(batch.x=float32[4,8]) or under a position (0.x=float32[4,8])")
         m = _SPEC_RE.match(text)
         if not m:
             raise SpecError(
@@ -231,14 +272,123 @@ class TensorSpec:
                 raise SpecError(f"bad value range {{{m.group(3)}}} in {text!r}: expected "
                                 "{LO..HI}, e.g. int64[1,16]{0..50256}")
             values = (int(lo_s), int(hi_s))
-        return cls(dtype, dims, values)
+        return cls(dtype, dims, values, name)
 
 
 def parse_inputs(specs: Iterable[str]) -> tuple[TensorSpec, ...]:
+    """Specs in their canonical order (``canonical_inputs``)."""
     if isinstance(specs, str):
         # Iterating a string would parse it one character at a time.
         raise SpecError(f"inputs must be a list of specs like ['float32[8,64]'], got {specs!r}")
-    return tuple(TensorSpec.parse(s) for s in specs)
+    return canonical_inputs(TensorSpec.parse(s) for s in specs)
+
+
+def _call_keys(specs: Iterable[TensorSpec]) -> list[tuple[tuple[int, int | str], tuple[str, ...]]]:
+    """Per spec: ((0, position) or (1, keyword), dict keys): where its tensor goes.
+    A spec without a name takes the position after the previous positional one."""
+    out: list[tuple[tuple[int, int | str], tuple[str, ...]]] = []
+    last = -1
+    for s in specs:
+        path = s.path
+        if not path:
+            last += 1
+            out.append(((0, last), ()))
+        elif path[0].isdigit():
+            last = int(path[0])
+            out.append(((0, last), path[1:]))
+        else:
+            out.append(((1, path[0]), path[1:]))
+    return out
+
+
+def canonical_inputs(specs: Iterable[TensorSpec]) -> tuple[TensorSpec, ...]:
+    """Check that the specs describe one call, and put them in its canonical
+    order: positional arguments by position, then keyword arguments by name,
+    a dict's keys sorted (the order ``call_args`` builds, which is also the
+    order ``torch.utils._pytree`` flattens that call in). Positional-only
+    lists come back unchanged."""
+    specs = tuple(specs)
+    if all(not s.name for s in specs):
+        return specs
+    keys = _call_keys(specs)
+    seen: dict[tuple[Any, ...], TensorSpec] = {}
+    for s, (arg, sub) in zip(specs, keys, strict=True):
+        full = (arg, *sub)
+        for other_full, other in seen.items():
+            if other_full == full:
+                raise SpecError(f"inputs {other} and {s} name the same argument")
+            shorter, longer = sorted((other_full, full), key=len)
+            if longer[:len(shorter)] == shorter:
+                raise SpecError(f"inputs {other} and {s}: one is a tensor, the other a key "
+                                "inside it (an argument is a tensor or a dict of tensors)")
+        seen[full] = s
+    positions = sorted({arg[1] for arg, _ in keys if arg[0] == 0})
+    if positions != list(range(len(positions))):
+        missing = sorted(set(range(max(positions) + 1)) - set(positions))
+        raise SpecError(f"positional argument {missing[0]} has no input spec (positions "
+                        f"{positions}); give one for each, in order")
+    order = sorted(range(len(specs)), key=lambda i: (keys[i][0], keys[i][1]))
+    # A positional dict is always written with its position (0.x), so the
+    # text is the same after sorting; plain positional tensors keep their order.
+    return tuple(specs[i] for i in order)
+
+
+def call_args(specs: Sequence[TensorSpec], leaves: Sequence[Any]) -> tuple[tuple[Any, ...],
+                                                                          dict[str, Any]]:
+    """``(args, kwargs)`` of the call the specs describe, with ``leaves[i]``
+    (a tensor, say) where ``specs[i]`` says; dicts are built in the specs'
+    order (canonical: sorted keys)."""
+    if len(specs) != len(leaves):
+        raise SpecError(f"{len(leaves)} values for {len(specs)} input specs")
+    positional: dict[int, Any] = {}
+    kwargs: dict[str, Any] = {}
+    for (arg, sub), leaf in zip(_call_keys(specs), leaves, strict=True):
+        kind, where = arg
+        if not sub:
+            if kind == 0:
+                positional[int(where)] = leaf
+            else:
+                kwargs[str(where)] = leaf
+            continue
+        holder: dict[Any, Any] = positional if kind == 0 else kwargs
+        node = holder.setdefault(where, {})
+        for key in sub[:-1]:
+            node = node.setdefault(key, {})
+        node[sub[-1]] = leaf
+    return tuple(positional[i] for i in sorted(positional)), kwargs
+
+
+def call_leaves(specs: Sequence[TensorSpec], args: Sequence[Any],
+                kwargs: Mapping[str, Any]) -> list[Any]:
+    """The inverse of ``call_args``: the value at each spec's place in a call
+    (a node's call to an AOTI package); a missing or extra argument or key
+    raises SpecError naming it."""
+    out: list[Any] = []
+    used_pos: set[int] = set()
+    used_kw: set[str] = set()
+    for s, (arg, sub) in zip(specs, _call_keys(specs), strict=True):
+        kind, where = arg
+        if kind == 0:
+            if int(where) >= len(args):
+                raise SpecError(f"input {s}: the call has {len(args)} positional arguments")
+            node: Any = args[int(where)]
+            used_pos.add(int(where))
+        else:
+            if where not in kwargs:
+                raise SpecError(f"input {s}: the call has no keyword {where!r} "
+                                f"(it has {sorted(kwargs)})")
+            node = kwargs[str(where)]
+            used_kw.add(str(where))
+        for key in sub:
+            if not isinstance(node, Mapping) or key not in node:
+                raise SpecError(f"input {s}: no key {key!r} in what the call passes there")
+            node = node[key]
+        out.append(node)
+    extra = [f"positional {i}" for i in range(len(args)) if i not in used_pos] + [
+        f"keyword {k!r}" for k in kwargs if k not in used_kw]
+    if extra:
+        raise SpecError(f"the call passes {', '.join(extra)}, which no input spec describes")
+    return out
 
 
 def format_inputs(specs: Sequence[TensorSpec]) -> str:
@@ -251,9 +401,14 @@ def parse_input_list(text: str) -> tuple[TensorSpec, ...]:
 
 
 def inputs_cover(artifact: Sequence[TensorSpec], request: Sequence[TensorSpec]) -> bool:
-    return len(artifact) == len(request) and all(
-        a.covers(r) for a, r in zip(artifact, request, strict=True)
-    )
+    """Same call (positions, keywords, dict keys) and each tensor covered."""
+    if len(artifact) != len(request):
+        return False
+    try:
+        artifact, request = canonical_inputs(artifact), canonical_inputs(request)
+    except SpecError:
+        return False
+    return all(a.covers(r) for a, r in zip(artifact, request, strict=True))
 
 
 class GradMode(str, Enum):
@@ -406,6 +561,9 @@ class JobSpec:
             )
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$", self.version):
             raise SpecError(f"bad version {self.version!r}: letters, digits, '.', '_', '+', '-'")
+        # One call, one text (and one build key): keyword and dict inputs in
+        # their canonical order, whatever order they were given in.
+        object.__setattr__(self, "inputs", canonical_inputs(tuple(self.inputs)))
         if not self.inputs:
             raise SpecError("a job needs at least one input spec")
         if self.code_digest is not None and not _DIGEST_RE.match(self.code_digest):

@@ -49,7 +49,9 @@ PROTECTED: Responses = {**AUTH, **INVALID}
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
 ALIAS_PATTERN = r"^[A-Za-z][A-Za-z0-9._-]{0,63}$"
-# An optional {LO..HI} after the dims: the value range of an integer input.
-INPUT_PATTERN = (r"^[a-z0-9]+\[([0-9]+(\.\.[0-9]*)?(,[0-9]+(\.\.[0-9]*)?)*)?\]"
+# An optional NAME= before (a keyword, batch.x a dict key) and {LO..HI} after the
+# dims: the value range of an integer input.
+INPUT_PATTERN = (r"^((([A-Za-z_][A-Za-z0-9_]*)|[0-9]+(?=\.))(\.[A-Za-z_][A-Za-z0-9_]*)*=)?"
+                 r"[a-z0-9]+\[([0-9]+(\.\.[0-9]*)?(,[0-9]+(\.\.[0-9]*)?)*)?\]"
                  r"(\{-?[0-9]+\.\.-?[0-9]+\})?$")
 TARGET_PATTERN = r"^(cpu|cuda)(/(gpu|cc|cuda|triton|python|torch|isa|threads)=[^/]+)+$"

@@ -16,6 +16,7 @@ from farm.core.specs import (
     Dim,
     GradMode,
     JobSpec,
+    ModelRef,
     SpecError,
     TensorSpec,
     build_key,
@@ -408,3 +409,82 @@ def test_external_data_names_a_functions_globals() -> None:
     ]:
         with pytest.raises(SpecError, match=words):
             JobSpec.from_json({**JOB, "model": model})
+
+
+# --- keyword and structured inputs --------------------------------------------------
+
+
+def test_named_inputs_round_trip_in_one_canonical_order() -> None:
+    typed = ["input_ids=int64[1,16]{0..31999}", "attention_mask=int64[1,16]{0..1}"]
+    specs = parse_inputs(typed)
+    text = format_inputs(specs)
+    # Keywords by name, whatever order they were typed in: one call, one text.
+    assert text == "attention_mask=int64[1,16]{0..1};input_ids=int64[1,16]{0..31999}"
+    assert parse_input_list(text) == specs == parse_inputs(reversed(typed))
+    assert [s.name for s in specs] == ["attention_mask", "input_ids"]
+
+
+def test_positional_inputs_keep_their_text_and_order() -> None:
+    # Stored specs have no names: their text, order and build keys are unchanged.
+    typed = ["int64[1,16]", "float32[2..64,128]"]
+    assert format_inputs(parse_inputs(typed)) == "int64[1,16];float32[2..64,128]"
+
+
+def test_call_args_builds_the_call_and_call_leaves_inverts_it() -> None:
+    from farm.core.specs import call_args, call_leaves
+
+    specs = parse_inputs(["float32[4]", "1.b=float32[2]", "1.a=int64[3]", "float32[5]",
+                          "k.z.y=float32[1]", "k.a=float32[1]", "mask=bool[4]"])
+    assert format_inputs(specs) == ("float32[4];1.a=int64[3];1.b=float32[2];float32[5];"
+                                    "k.a=float32[1];k.z.y=float32[1];mask=bool[4]")
+    args, kwargs = call_args(specs, list("ABCDEFG"))
+    assert args == ("A", {"a": "B", "b": "C"}, "D")
+    assert kwargs == {"k": {"a": "E", "z": {"y": "F"}}, "mask": "G"}
+    # A node's call with its keys in another order maps back to the same leaves.
+    assert call_leaves(specs, args, {"mask": "G", "k": {"z": {"y": "F"}, "a": "E"}}) == list(
+        "ABCDEFG")
+    with pytest.raises(SpecError, match="no keyword 'mask'"):
+        call_leaves(specs, args, {"k": kwargs["k"]})
+    with pytest.raises(SpecError, match="keyword 'extra', which no input spec describes"):
+        call_leaves(specs, args, {**kwargs, "extra": 1})
+
+
+@pytest.mark.parametrize(
+    ("inputs", "words"),
+    [
+        (["x=float32[1]", "x=float32[2]"], "name the same argument"),
+        (["b=float32[1]", "b.x=float32[1]"], "one is a tensor, the other a key inside it"),
+        (["1.x=float32[1]"], "positional argument 0 has no input spec"),
+        (["0=float32[1]"], "bad input name '0'"),
+        (["a.0=float32[1]"], "bad input name 'a.0'"),
+        (["a-b=float32[1]"], "bad input name 'a-b'"),
+    ],
+)
+def test_named_input_errors(inputs: list[str], words: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(words)):
+        parse_inputs(inputs)
+
+
+def test_named_inputs_cover_by_name_not_order() -> None:
+    built = parse_inputs(["a=float32[2..8]", "b=float32[3]"])
+    assert inputs_cover(built, [TensorSpec.parse("b=float32[3]"),
+                                TensorSpec.parse("a=float32[4]")])
+    assert not inputs_cover(built, parse_inputs(["float32[4]", "float32[3]"]))
+    assert not inputs_cover(built, parse_inputs(["a=float32[4]", "c=float32[3]"]))
+
+
+def test_job_spec_puts_named_inputs_in_canonical_order() -> None:
+    spec = JobSpec(name="m", version="1", model=ModelRef("pkg.mod:make"),
+                   inputs=(TensorSpec.parse("z=float32[1]"), TensorSpec.parse("a=float32[1]")))
+    assert [s.name for s in spec.inputs] == ["a", "z"]
+    assert JobSpec.from_json(spec.to_json()) == spec
+
+
+def test_the_api_pattern_takes_named_inputs() -> None:
+    from registry.api.schemas import INPUT_PATTERN
+
+    for text in ["input_ids=int64[1,16]{0..31999}", "batch.x=float32[4,8]", "0.x=float32[4]"]:
+        assert re.match(INPUT_PATTERN, text), text
+        assert str(TensorSpec.parse(text)) == text
+    for text in ["0=float32[4]", "a-b=float32[4]"]:
+        assert not re.match(INPUT_PATTERN, text), text
