@@ -322,7 +322,7 @@ def canonical_inputs(specs: Iterable[TensorSpec]) -> tuple[TensorSpec, ...]:
                 raise SpecError(f"inputs {other} and {s}: one is a tensor, the other a key "
                                 "inside it (an argument is a tensor or a dict of tensors)")
         seen[full] = s
-    positions = sorted({arg[1] for arg, _ in keys if arg[0] == 0})
+    positions = sorted({int(arg[1]) for arg, _ in keys if arg[0] == 0})
     if positions != list(range(len(positions))):
         missing = sorted(set(range(max(positions) + 1)) - set(positions))
         raise SpecError(f"positional argument {missing[0]} has no input spec (positions "
