@@ -7,18 +7,18 @@
 #   3. the cold-start benchmark against that farm (bench/coldstart.py --device
 #      cuda), median of 3 rounds, inference and training fleet paths.
 #
-#   scripts/gpu_check.sh             all three in one run (about 12 minutes)
+#   scripts/gpu_check.sh             all three in one run, within one device call
 #   scripts/gpu_check.sh build       1 and 2, and leave the farm running
 #   scripts/gpu_check.sh coldstart   3 against the farm `build` left, then stop it
 #
-# The device tool stops a command at 600 s, and the three builds with AOTI
-# packages do not fit beside the cold start there (measured 2026-12-01:
-# bench-default alone took 162 s, 71 s of it its AOTI package): run `build`
-# and then `coldstart` in the next call (the machine stays up for 30 s between
-# calls, and the farm runs in its own session), or trim with GPU_JOBS. Each phase fits its
-# budget (570 s); the cold start stops before a round that would not fit and
-# writes its table after every round. The farm is stopped on every way out
-# except the end of a successful `build`.
+# The device tool stops a command at 600 s. Built one after another, the three
+# jobs with their AOTI packages did not fit beside the cold start there
+# (measured 2026-12-01: bench-default alone took 162 s, 71 s of it its AOTI
+# package), so bench/gpu_farm.py starts one compile worker per job and they
+# build side by side. `all` has one budget of 570 s: the builds get what the
+# cold start's three rounds (COLDSTART_MIN_S) leave; the cold start stops
+# before a round that would not fit and writes its table after every round.
+# The farm is stopped on every way out except the end of a successful `build`.
 # Run from the device tool with `.whl` carried (scripts/gpu_wheels.sh fetches
 # the wheels the GPU image lacks); results land in $OUT (or bench/results).
 set -uo pipefail
@@ -29,7 +29,7 @@ PHASE=${1:-all}
 case "$PHASE" in all|build|coldstart) ;; *) echo "usage: $0 [all|build|coldstart]"; exit 2;; esac
 exec > >(tee "$OUT/gpu_check-$PHASE.log") 2>&1
 # One phase's budget; `all` gets both.
-BUDGET=${GPU_CHECK_BUDGET_S:-$([ "$PHASE" = all ] && echo 1140 || echo 570)}
+BUDGET=${GPU_CHECK_BUDGET_S:-570}
 COLDSTART_MIN_S=${COLDSTART_MIN_S:-$([ "$PHASE" = build ] && echo 0 || echo 240)}   # 3 rounds, ~70 s each
 JOBS=${GPU_JOBS:-bench-default bench-autotune bench-train}
 HOME_DIR=/tmp/farm-gpu
@@ -106,12 +106,10 @@ INFER=() TRAIN=()
 for j in $JOBS; do
   case "$j" in bench-default|bench-autotune) INFER+=("$j");; bench-train) TRAIN+=("$j");; esac
 done
-FORMATS=()
-[ "${#INFER[@]}" -gt 1 ] && FORMATS=(--farm-formats aot_compile)
 echo "== cold start against $URL (budget ${CS_S} s)"
 timeout "$CS_S" python3 bench/coldstart.py --device cuda --model bench --repeats 3 \
   --steady-calls 20 --farm-url "$URL" --out "$OUT" \
-  --farm-models "${INFER[@]}" "${FORMATS[@]}" \
+  --farm-models "${INFER[@]}" \
   ${TRAIN[@]:+--farm-train-models "${TRAIN[@]}"} --skip megacache jit-autotune \
   --budget-s $((CS_S - 10))
 echo "coldstart rc=$?"

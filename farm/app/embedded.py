@@ -208,11 +208,15 @@ def worker_processes(
     supervisor = threading.Thread(target=supervise, name="farm-embedded-supervisor",
                                   daemon=True)
     try:
+        seen: dict[str, int] = {}
         for kind, device in [("trace", None)] + [("compile", d) for d in devices]:
             argv = [sys.executable, "-m", "farm.app.cli", "worker", kind]
             if device:
                 argv += ["--device", device]
-            name = f"worker-{kind}{'-' + device if device else ''}.log"
+            # A device named twice gets two compile workers (builds of one
+            # target side by side on a big GPU host), each with its own log.
+            n = seen[f"{kind}{device}"] = seen.get(f"{kind}{device}", 0) + 1
+            name = f"worker-{kind}{'-' + device if device else ''}{'-' + str(n) if n > 1 else ''}.log"
             slots.append(WorkerSlot(argv, env, log_dir / name if log_dir else None))
         supervisor.start()
         yield slots
