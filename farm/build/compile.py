@@ -189,6 +189,13 @@ def compile_artifacts(
         "threads": torch.get_num_threads(),
         "global_state": global_state(spec.grad_mode),
     }
+    if spec.model.train is not None:
+        from farm.core.training import OPTIMIZER_STEP
+
+        # What the node needs to run the step (its loss, targets, optimizer),
+        # and that the optimizer step is not in the artifact, and why.
+        common["train"] = spec.model.train.to_json()
+        common["optimizer_step"] = OPTIMIZER_STEP
     if device.type == "cpu":
         common["cpu_isa"] = detect_cpu_isa()
     common["cxx"] = cxx_identity()

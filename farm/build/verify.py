@@ -114,6 +114,9 @@ class VerifyReport:
     process_to_first_result_s: float | None = None
     import_s: float | None = None
     cold_node: dict[str, Any] = field(default_factory=dict)
+    # A training_step job: the optimizer loop compared with eager
+    # (farm.build.verify_train); its leaves are in ``outputs`` as "stepK ...".
+    train: dict[str, Any] = field(default_factory=dict)
 
     @property
     def compiles_on_node(self) -> bool:
@@ -406,6 +409,17 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
                                                     calls[0], SEED + 100), device)
         report.eager_steady_call_s = _steady(lambda: run(eager_fn, eager_model if is_module
                                                          else None, calls[0], SEED + 100), device)
+        if spec.model.train is not None:
+            from farm.build.verify_train import check_train_steps
+
+            step_worst = _Worst()
+            report.train = check_train_steps(
+                spec.model.train, eager=eager_model, compiled_module=model, fn=fn,
+                inputs=calls[0], grad_factor=GRAD_FACTOR,
+                compare=lambda got, ref, what, factor: step_worst.add(
+                    got, ref, tol_override, factor=factor, what=what))
+            report.outputs += step_worst.finish()
+            failures += step_worst.failures
         if failures:
             report.error = "; ".join(failures[:5])
         else:

@@ -132,6 +132,12 @@ def model_class_name(obj: Any) -> str:
     """``module.qualname`` of what a factory built (its class) or of a free
     function: what an artifact records it was built from, and what a node
     compares with its own object before loading."""
+    from farm.core.training import LossStep
+
+    if isinstance(obj, LossStep):
+        # A training step is for its model's class (and the fingerprint names
+        # its loss and optimizer): a node's wrapper of another model mismatches.
+        return f"{model_class_name(obj.model)}+loss"
     target = obj if callable(obj) and not isinstance(obj, nn.Module) else type(obj)
     module = getattr(target, "__module__", None) or "?"
     qual = getattr(target, "__qualname__", None) or getattr(target, "__name__", "?")
@@ -147,10 +153,20 @@ def build_module(
     if model.kind == "function":
         return fn
     check_kwargs(fn, model)
-    built = _run_factory(fn, model, torch.device("meta"))
+    built = _as_program(model, _run_factory(fn, model, torch.device("meta")))
     if torch.device(device).type != "meta":
         materialize(built, device, seed=seed)
     return built
+
+
+def _as_program(model: ModelRef, built: nn.Module) -> nn.Module:
+    """What the job compiles from the factory's module: the module itself,
+    or for a ``training_step`` its loss step (``farm.core.training.LossStep``)."""
+    if model.train is None:
+        return built
+    from farm.core.training import loss_step
+
+    return loss_step(built, model.train)
 
 
 def build_real(
@@ -173,7 +189,7 @@ def build_real(
         device_type=device.type if accel else "cpu",
     ):
         torch.manual_seed(seed)
-        return _run_factory(fn, model, device)
+        return _as_program(model, _run_factory(fn, model, device))
 
 
 def _run_factory(fn: Callable[..., Any], model: ModelRef, device: torch.device) -> nn.Module:

@@ -489,6 +489,72 @@ class CompileOptions:
         return cls(**{k: str(v) for k, v in data.items()}, disable_guard_check=dgc)
 
 
+_OPTIMIZER_RE = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """A training step (model kind ``training_step``): the artifact is
+    ``loss(model(*inputs), *targets)`` with its backward (AOTAutograd); the
+    last ``targets`` job inputs are the loss's targets. ``optimizer`` names a
+    ``torch.optim`` class, built with ``optimizer_kwargs`` on the node and in
+    verification, which checks the loss, every gradient and the optimizer's
+    state after two steps against eager. The step itself runs uncompiled
+    (``farm.core.training.OPTIMIZER_STEP``)."""
+
+    loss: str
+    targets: int = 1
+    optimizer: str = "SGD"
+    optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.loss, str) or not _ENTRYPOINT_RE.match(self.loss):
+            raise SpecError(f"bad train.loss {self.loss!r}: expected 'package.module:function', "
+                            "e.g. torch.nn.functional:mse_loss")
+        if isinstance(self.targets, bool) or not isinstance(self.targets, int) \
+                or self.targets < 0:
+            raise SpecError(f"train.targets must be a count of trailing inputs (0 or more), "
+                            f"got {self.targets!r}")
+        if not isinstance(self.optimizer, str) or not _OPTIMIZER_RE.match(self.optimizer):
+            raise SpecError(f"bad train.optimizer {self.optimizer!r}: a torch.optim class name, "
+                            "e.g. SGD, AdamW")
+        if not isinstance(self.optimizer_kwargs, Mapping):
+            raise SpecError(f"train.optimizer_kwargs must be an object, "
+                            f"got {self.optimizer_kwargs!r}")
+        try:
+            canonical_json(dict(self.optimizer_kwargs))
+        except (TypeError, ValueError) as exc:
+            raise SpecError(f"train.optimizer_kwargs must be JSON: {exc}") from None
+
+    def __hash__(self) -> int:
+        return hash(self.canonical())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"loss": self.loss, "targets": self.targets, "optimizer": self.optimizer,
+                "optimizer_kwargs": dict(self.optimizer_kwargs)}
+
+    def canonical(self) -> str:
+        return canonical_json(self.to_json())
+
+    @classmethod
+    def from_json(cls, data: Any) -> TrainSpec:
+        if not isinstance(data, Mapping):
+            raise SpecError(f"train must be an object with loss, targets, optimizer and "
+                            f"optimizer_kwargs, got {data!r}")
+        unknown = set(data) - {"loss", "targets", "optimizer", "optimizer_kwargs"}
+        if unknown:
+            raise SpecError(f"unknown train fields: {', '.join(sorted(unknown))}; known: loss, "
+                            "targets, optimizer, optimizer_kwargs")
+        if "loss" not in data:
+            raise SpecError("train needs a loss, e.g. torch.nn.functional:mse_loss")
+        return cls(loss=data["loss"], targets=data.get("targets", 1),
+                   optimizer=data.get("optimizer", "SGD"),
+                   optimizer_kwargs=dict(data.get("optimizer_kwargs") or {}))
+
+
+MODEL_KINDS = ("factory", "function", "training_step")
+
+
 @dataclass(frozen=True)
 class ModelRef:
     """An importable callable: a factory returning an nn.Module (with JSON kwargs),
@@ -502,8 +568,14 @@ class ModelRef:
     # Saved as references (``save_compiled_function(external_data=...)``); the
     # node supplies its own objects under the same names at load.
     external_data: tuple[str, ...] = ()
+    # kind 'training_step': the factory's module trained with this loss and
+    # optimizer (TrainSpec); None for every other kind.
+    train: TrainSpec | None = None
 
     def __post_init__(self) -> None:
+        if (self.kind == "training_step") != (self.train is not None):
+            raise SpecError("model kind 'training_step' needs a train section (loss, targets, "
+                            "optimizer, optimizer_kwargs), and only that kind takes one")
         if not isinstance(self.external_data, tuple) or not all(
                 isinstance(n, str) and _IDENT_RE.match(n) for n in self.external_data):
             raise SpecError(f"external_data must be names of the function's globals (Python "
@@ -517,8 +589,8 @@ class ModelRef:
             raise SpecError(
                 f"bad entrypoint {self.entrypoint!r}: expected 'package.module:callable'"
             )
-        if self.kind not in ("factory", "function"):
-            raise SpecError(f"unknown model kind {self.kind!r}; known: factory, function")
+        if self.kind not in MODEL_KINDS:
+            raise SpecError(f"unknown model kind {self.kind!r}; known: {', '.join(MODEL_KINDS)}")
         if self.kind == "function" and self.kwargs:
             raise SpecError("a free function takes no factory kwargs")
         try:
@@ -528,7 +600,16 @@ class ModelRef:
 
     def __hash__(self) -> int:
         return hash((self.entrypoint, canonical_json(dict(self.kwargs)), self.kind,
-                     self.external_data))
+                     self.external_data, self.train))
+
+    @property
+    def identity(self) -> str:
+        """What the fingerprint names the program by: the entrypoint, and for
+        a training step its loss and optimizer too (two jobs training one
+        model differently must not share an artifact and its verification)."""
+        if self.train is None:
+            return self.entrypoint
+        return f"{self.entrypoint}|train:{self.train.canonical()}"
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -536,6 +617,8 @@ class ModelRef:
         if self.external_data:
             # Only when declared: specs stored before it keep their exact JSON.
             data["external_data"] = list(self.external_data)
+        if self.train is not None:
+            data["train"] = self.train.to_json()
         return data
 
 
@@ -566,6 +649,15 @@ class JobSpec:
         object.__setattr__(self, "inputs", canonical_inputs(tuple(self.inputs)))
         if not self.inputs:
             raise SpecError("a job needs at least one input spec")
+        train = self.model.train
+        if train is not None:
+            if self.grad_mode is not GradMode.TRAINING:
+                raise SpecError("a training_step job is compiled for training: set "
+                                "grad_mode 'training'")
+            if train.targets >= len(self.inputs):
+                raise SpecError(f"train.targets is {train.targets}, and the job has "
+                                f"{len(self.inputs)} inputs: the model needs at least one "
+                                "input before the loss's targets")
         if self.code_digest is not None and not _DIGEST_RE.match(self.code_digest):
             raise SpecError(f"bad code_digest {self.code_digest!r}: expected the sha256 of the "
                             "code pack, 64 lowercase hex characters")
@@ -603,6 +695,8 @@ class JobSpec:
                     kwargs=dict(model.get("kwargs") or {}),
                     kind=str(model.get("kind", "factory")),
                     external_data=_names(model.get("external_data")),
+                    train=None if model.get("train") is None
+                    else TrainSpec.from_json(model["train"]),
                 ),
                 inputs=parse_inputs(data["inputs"]),
                 grad_mode=grad_mode,

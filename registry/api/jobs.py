@@ -36,8 +36,16 @@ class ModelRefIn(BaseModel):
     entrypoint: str = Field(max_length=512, examples=["farm.zoo.mlp:make"],
                             description="'package.module:callable'")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="JSON kwargs of the factory")
-    kind: str = Field(default="factory", description="'factory' (returns an nn.Module) or "
-                                                     "'function' (compiled as it is)")
+    kind: str = Field(default="factory", description="'factory' (returns an nn.Module), "
+                                                     "'function' (compiled as it is) or "
+                                                     "'training_step' (the factory's module "
+                                                     "with its loss; needs train)")
+    train: dict[str, Any] | None = Field(
+        default=None, examples=[{"loss": "torch.nn.functional:mse_loss", "targets": 1,
+                                 "optimizer": "AdamW", "optimizer_kwargs": {"lr": 1e-3}}],
+        description="kind 'training_step': the loss function ('module:function', called "
+                    "as loss(model(*inputs), *targets)), how many trailing inputs are its "
+                    "targets, a torch.optim class and its kwargs")
     external_data: list[Annotated[str, Field(max_length=128)]] = Field(
         default_factory=list, max_length=32,
         description="a function's captured objects torch cannot serialize (an nn.Module): "
