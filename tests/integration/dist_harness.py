@@ -36,13 +36,14 @@ class RankFailed(AssertionError):
 
 def rank_env(rank: int, world_size: int, port: int,
              base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment torchrun would give ``rank``: one thread per rank (the
-    ranks share the machine's cores), the checkout importable."""
+    """The environment torchrun would give ``rank``, the checkout importable.
+    Threads are left as they are: the thread count is part of a CPU node's
+    target, so a rank with OMP_NUM_THREADS=1 is another target than the
+    farm's CPU worker and resolves no artifact built there."""
     env = dict(os.environ if base is None else base)
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-        "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
     })
     return env
