@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from farm.app import commands as cmd
+from farm.app import fleet_commands
 from farm.app.console import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -196,9 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(func=cmd.cmd_submit)
 
-    p = sub.add_parser("status", help="a job's state, per target (exit 1 if it failed)")
-    p.add_argument("job_id", metavar="JOB_ID",
-                   help="the job id, or a unique prefix of it (the 8 characters progress shows)")
+    p = sub.add_parser("status", help="a job's state, per target (exit 1 if it failed); or "
+                                      "a model's: versions, node reports, misses")
+    p.add_argument("job_id", metavar="JOB_ID|MODEL",
+                   help="the job id, or a unique prefix of it (the 8 characters progress "
+                        "shows); or a model name")
     p.add_argument("--log", action="store_true",
                    help="print the build logs as well (while it runs: its stages so far)")
     p.add_argument("--wait", action="store_true",
@@ -236,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="models, versions and aliases")
     _add_json(p)
     p.set_defaults(func=cmd.cmd_models)
+
+    fleet_commands.add_parsers(sub, add_json=_add_json, model_ref=parse_model_ref)
 
     p = sub.add_parser("targets", help="targets with live compile workers")
     _add_json(p)

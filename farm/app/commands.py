@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -190,8 +191,16 @@ def _watch(client: Any, job_id: str, timeout: float | None) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from farm.app.fleet_commands import model_status
+    from farm.node.errors import NotFoundError
+
+    if not re.fullmatch(r"[0-9a-f-]+", args.job_id):
+        return model_status(args, args.job_id)  # not a job id: a model's name
     client = _client(args)
-    view = client.job(args.job_id)
+    try:
+        view = client.job(args.job_id)
+    except NotFoundError:
+        return model_status(args, args.job_id)  # a hex-looking model name
     if args.wait and view.get("state") not in ("succeeded", "failed", "partial"):
         view = _watch(client, str(view["id"]), args.timeout)
     if args.json:

@@ -86,6 +86,13 @@ class Settings(BaseSettings):
     farm_embedded_devices: str = "cpu"
     client_cache_dir: Path | None = None
     client_cache_max_bytes: int = 10 * 1024**3
+    # Node reports (farm.node.reports): off with FARM_REPORTS=0; sent every
+    # FARM_REPORT_INTERVAL_S seconds (or sooner, when a batch fills).
+    farm_reports: bool = True
+    farm_report_interval_s: float = 5.0
+    # Build on miss: how long after one build a miss of the same model may
+    # start the next (a model's own policy may say longer).
+    farm_miss_build_interval_s: float = 60.0
 
     def visibility_timeout_s(self) -> int:
         if self.farm_visibility_timeout_s is not None:

@@ -18,6 +18,7 @@ is refused unless ``FARM_ALLOW_HTTP`` (or ``allow_http=True``) says otherwise.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -37,9 +38,10 @@ from farm.core.specs import (
     JobSpec,
     SpecError,
     TensorSpec,
+    canonical_inputs,
     parse_inputs,
 )
-from farm.core.target import Target, TargetError
+from farm.core.target import Target
 from farm.node.cache import ArtifactCache, CacheCorrupt, CacheError, validate_digest
 from farm.node.errors import (
     AuthenticationError,
@@ -50,6 +52,7 @@ from farm.node.errors import (
     NotFoundError,
     _detail_text,
 )
+from farm.node.reports import Report, Reporter
 from farm.node.types import AliasList, Deleted, JobSummary, TokenInfo
 
 if TYPE_CHECKING:
@@ -107,11 +110,19 @@ def as_grad_mode(value: GradMode | str | bool | None) -> GradMode:
 
 
 def as_input_specs(inputs: Any) -> tuple[TensorSpec, ...]:
-    """Input specs from spec strings, ``TensorSpec``s or example tensors (static shapes)."""
+    """Input specs from spec strings, ``TensorSpec``s or example tensors (static
+    shapes); a mapping names them: ``{"input_ids": ids, "batch": {"x": x}}``
+    is ``input_ids=...`` and ``batch.x=...`` (keyword and dict inputs)."""
     if inputs is None:
         raise SpecError("input specs are needed to resolve an artifact")
     if isinstance(inputs, str):
         return parse_inputs(p for p in inputs.split(";") if p)
+    if isinstance(inputs, Mapping):
+        named = []
+        for path, item in _named_items(inputs, ""):
+            (spec,) = as_input_specs([item])
+            named.append(dataclasses.replace(spec, name=path))
+        return canonical_inputs(named)
     out = []
     for item in inputs:
         if isinstance(item, TensorSpec):
@@ -126,7 +137,19 @@ def as_input_specs(inputs: Any) -> tuple[TensorSpec, ...]:
                             "string like 'float32[8,64]' or an example tensor")
     if not out:
         raise SpecError("at least one input spec is needed")
-    return tuple(out)
+    return canonical_inputs(out)
+
+
+def _named_items(mapping: Mapping[str, Any], prefix: str) -> list[tuple[str, Any]]:
+    """(dotted path, leaf) of a nested mapping of example tensors or specs."""
+    out: list[tuple[str, Any]] = []
+    for key, item in mapping.items():
+        path = f"{prefix}{key}"
+        if isinstance(item, Mapping):
+            out += _named_items(item, path + ".")
+        else:
+            out.append((path, item))
+    return out
 
 
 def as_target(target: Target | str | None, device: str | None = None) -> Target:
@@ -149,7 +172,8 @@ class FarmClient:
 
     ``url`` and ``token`` default to ``FARM_URL`` and ``FARM_TOKEN``; ``cache``
     to an ``ArtifactCache`` at ``CLIENT_CACHE_DIR`` bounded by
-    ``CLIENT_CACHE_MAX_BYTES``. Safe to share between threads.
+    ``CLIENT_CACHE_MAX_BYTES``. Safe to share between threads. ``reports``
+    (default ``FARM_REPORTS``): send node reports (``report``) in the background.
     """
 
     def __init__(
@@ -165,6 +189,7 @@ class FarmClient:
         require_signature: bool = True,
         allow_http: bool | None = None,
         transport: httpx.BaseTransport | None = None,
+        reports: bool | None = None,
     ) -> None:
         from farm.core.settings import get_settings
 
@@ -188,6 +213,9 @@ class FarmClient:
         self._trust_lock = threading.Lock()
         self._cache = cache
         self._cache_lock = threading.Lock()
+        self._reporter: Reporter | None = None
+        self._reports_on = settings.farm_reports if reports is None else reports
+        self._report_interval_s = settings.farm_report_interval_s
         self.retries = retries
         self.require_signature = require_signature
         t = httpx.Timeout(timeout, connect=min(timeout, 10.0))
@@ -207,6 +235,8 @@ class FarmClient:
                                   headers={"User-Agent": "torch-farm-client"}, verify=verify)
 
     def close(self) -> None:
+        if self._reporter is not None:
+            self._reporter.close()
         self._http.close()
         self._bare.close()
 
@@ -390,6 +420,60 @@ class FarmClient:
         live); ``FarmUnavailable`` naming what is missing when it cannot."""
         return dict(self._request("GET", "/readyz") or {})
 
+    # --- fleet feedback: reports, coverage, policies, plans --------------------
+
+    def misses(self, model: str | None = None, *, since_s: float | None = None,
+               limit: int = 100) -> dict[str, Any]:
+        """What nodes did not get, grouped and counted (``farm misses``)."""
+        params: dict[str, Any] = {"limit": limit}
+        if model:
+            params["model"] = model
+        if since_s:
+            params["since_s"] = since_s
+        return dict(self._request("GET", "/v1/misses", params=params))
+
+    def model_reports(self, model: str, *, since_s: float | None = None) -> dict[str, Any]:
+        """Reports of ``model`` by kind, and its most frequent misses."""
+        params = {"since_s": since_s} if since_s else {}
+        return dict(self._request("GET", f"/v1/models/{quote(model, safe='')}/reports",
+                                  params=params))
+
+    def coverage(self, model: str, version: str | None = None) -> dict[str, Any]:
+        """``farm coverage MODEL[@VERSION]``: what each version serves, and what
+        nodes asked for that nothing serves."""
+        params = {"version": version} if version else {}
+        return dict(self._request("GET", f"/v1/models/{quote(model, safe='')}/coverage",
+                                  params=params))
+
+    def policy(self, model: str) -> dict[str, Any]:
+        """The model's fleet policy (``farm policy show``)."""
+        return dict(self._request("GET", f"/v1/models/{quote(model, safe='')}/policy"))
+
+    def set_policy(self, model: str, *, build_on_miss: bool | None = None,
+                   min_interval_s: float | None = None) -> dict[str, Any]:
+        """``farm policy set``: build on miss on or off, and how often."""
+        body: dict[str, Any] = {}
+        if build_on_miss is not None:
+            body["build_on_miss"] = build_on_miss
+        if min_interval_s is not None:
+            body["min_interval_s"] = min_interval_s
+        return dict(self._request("PUT", f"/v1/models/{quote(model, safe='')}/policy",
+                                  json=body))
+
+    def plan(self, target: str, *, submit: bool = False,
+             since_s: float | None = None) -> dict[str, Any]:
+        """``farm plan --target``: the builds every model and alias the fleet
+        uses needs on ``target``; with ``submit``, submitted."""
+        if submit:
+            body: dict[str, Any] = {"target": target}
+            if since_s:
+                body["since_s"] = since_s
+            return dict(self._request("POST", "/v1/plan", json=body))
+        params: dict[str, Any] = {"target": target}
+        if since_s:
+            params["since_s"] = since_s
+        return dict(self._request("GET", "/v1/plan", params=params))
+
     # --- everyday commands: the CLI's, one method each --------------------------
 
     def jobs(self, *, state: str | None = None, model: str | None = None,
@@ -552,6 +636,35 @@ class FarmClient:
         # against the pinned key and its bytes against the digest.
         return {**kept, "offline": True}
 
+    @property
+    def reporter(self) -> Reporter | None:
+        """The background sender of this client's node reports (None with
+        ``FARM_REPORTS=0``); started on the first report."""
+        with self._cache_lock:
+            if self._reporter is None and self._reports_on:
+                self._reporter = Reporter(self._http, interval_s=self._report_interval_s)
+            return self._reporter
+
+    def report(self, kind: str, *, model: str, ref: str | None, inputs: Any,
+               grad_mode: GradMode | str | bool | None, target: Target | str,
+               version: str | None = None, format: str | None = None,
+               digest: str | None = None, code: str | None = None,
+               reason: str | None = None, seconds: float | None = None) -> None:
+        """Queue a node report (a ``miss``, ``guard_failure``, ``fallback`` or
+        ``load``) for the background sender: returns at once, never raises."""
+        try:
+            reporter = self.reporter
+            if reporter is None:
+                return
+            reporter.add(Report(
+                kind=kind, model=model, ref=ref or None, version=version,
+                inputs=[str(s) for s in as_input_specs(inputs)],
+                grad_mode=as_grad_mode(grad_mode).value, target=str(as_target(target)),
+                format=format, digest=digest, code=(code or None) and code[:32],
+                reason=reason, seconds=seconds))
+        except Exception as exc:  # telemetry must never break a node
+            log.debug("could not queue a %s report: %s", kind, exc)
+
     def report_miss(
         self,
         model: str,
@@ -561,18 +674,12 @@ class FarmClient:
         target: Target | str,
         reasons: Sequence[Any],
     ) -> None:
-        """Tell the farm this node did not use its artifact (best effort: never raises)."""
-        try:
-            self._request("POST", "/v1/misses", json={
-                "model": model, "ref": ref,
-                "inputs": [str(s) for s in as_input_specs(inputs)],
-                "grad_mode": as_grad_mode(grad_mode).value,
-                "target": str(as_target(target)),
-                "reasons": [r if isinstance(r, Mapping) else {"reason": str(r)}
-                            for r in reasons][:256],
-            })
-        except (FarmError, SpecError, TargetError) as exc:
-            log.debug("could not report the miss to the farm: %s", exc)
+        """Tell the farm this node did not use its artifact and fell back to
+        JIT (queued as a ``fallback`` report: never waits, never raises)."""
+        first = next((r for r in reasons if isinstance(r, Mapping)), {})
+        self.report("fallback", model=model, ref=ref, inputs=inputs, grad_mode=grad_mode,
+                    target=target, digest=first.get("digest"), code=first.get("code"),
+                    reason=first.get("reason") or (str(reasons[0]) if reasons else None))
 
     # --- trust -------------------------------------------------------------------
 

@@ -232,10 +232,7 @@ class CompiledHandle:
             if not fallback:
                 raise FarmError(mismatch)
             log.warning("torch-farm: %s; using JIT torch.compile instead", mismatch)
-            self.client.report_miss(self.model, pre.version or self.ref, self.inputs,
-                                    self.grad_mode, pre.target,
-                                    [{"code": "class_mismatch", "digest": pre.digest,
-                                      "reason": mismatch}])
+            self._report("fallback", pre, code="class_mismatch", reason=mismatch)
             return FarmCompiled(None, module_or_fn, prefetched=pre, reason=mismatch)
         if pre.grad_mode is GradMode.INFERENCE and getattr(module_or_fn, "training", False):
             # Dynamo guards on the training flag, and the farm built (and
@@ -257,33 +254,60 @@ class CompiledHandle:
                 raise
             reason = f"loading artifact {pre.digest[:12]} ({pre.format}) failed: {first_line(exc)}"
             log.warning("torch-farm: %s; using JIT torch.compile instead", reason)
-            self.client.report_miss(self.model, pre.version or self.ref, self.inputs,
-                                    self.grad_mode, pre.target,
-                                    [{"code": "load_failed", "digest": pre.digest,
-                                      "reason": reason}])
+            self._report("fallback", pre, code="load_failed", reason=reason)
             return FarmCompiled(None, module_or_fn, prefetched=pre, reason=reason)
         self.timings["load_s"] = time.perf_counter() - t0
+        self._report("load", pre, seconds=self.timings["load_s"],
+                     code="offline" if pre.offline else None)
         log.info("torch-farm: %s@%s runs artifact %s (%s) for %s%s", self.model,
                  pre.version, pre.digest[:12], pre.format, pre.target,
                  " (offline: from this node's cache)" if pre.offline else "")
-        return FarmCompiled(fn, module_or_fn, prefetched=pre, reason=None)
+        return FarmCompiled(fn, module_or_fn, prefetched=pre, reason=None,
+                            on_guard_failure=functools.partial(self._guard_failed, pre))
+
+    def _report(self, kind: str, pre: Prefetched | None, *, inputs: Any = None,
+                code: str | None = None, reason: str | None = None,
+                seconds: float | None = None, version: str | None = None) -> None:
+        """Queue a node report (farm.node.reports): never waits, never raises."""
+        target = pre.target if pre is not None else self.target
+        if target is None:
+            return  # nothing to say which target the node is
+        self.client.report(kind, model=self.model, ref=self.ref,
+                           inputs=inputs if inputs is not None else self.inputs,
+                           grad_mode=self.grad_mode, target=target,
+                           version=pre.version if pre is not None else version,
+                           format=pre.format if pre is not None else None,
+                           digest=pre.digest if pre is not None else None,
+                           code=code, reason=reason, seconds=seconds)
+
+    def _guard_failed(self, pre: Prefetched, reason: str, args: tuple[Any, ...]) -> None:
+        # The call's own inputs, when they are tensors: the shape the fleet
+        # needs and no artifact has (what build on miss builds).
+        try:
+            inputs: Any = as_input_specs(list(args))
+        except Exception:
+            inputs = None
+        self._report("guard_failure", pre, inputs=inputs, code="guard", reason=reason)
 
     def _explain(self, exc: BaseException) -> None:
         what = f"{self.model}@{self.ref or 'latest'} for {', '.join(map(str, self.inputs))} " \
                f"({self.grad_mode.value})"
         if isinstance(exc, NotFoundError):
-            # The farm records resolve misses itself; only say why here.
+            detail = exc.detail if isinstance(exc.detail, dict) else {}
+            codes = sorted({str(r.get("code")) for r in exc.rejections if isinstance(r, dict)})
+            self._report("miss", None, version=detail.get("version"),
+                         code=",".join(codes)[:32] if codes else (
+                             "no_artifact" if detail.get("version") else "unknown_ref"),
+                         reason=first_line(exc))
             reasons = format_rejections(exc.rejections)
             log.warning("torch-farm: no artifact for %s: %s; using JIT torch.compile%s",
                         what, exc, f"\n{reasons}" if reasons else "")
             return
         log.warning("torch-farm: not using the farm for %s: %s; using JIT torch.compile",
                     what, first_line(exc))
-        if (isinstance(exc, FarmError) and not isinstance(exc, FarmUnavailable)
-                and self.target is not None):
+        if isinstance(exc, FarmError) and not isinstance(exc, FarmUnavailable):
             code = "integrity" if isinstance(exc, IntegrityError) else "fetch_failed"
-            self.client.report_miss(self.model, self.ref, self.inputs, self.grad_mode, self.target,
-                                    [{"code": code, "reason": first_line(exc)}])
+            self._report("fallback", None, code=code, reason=first_line(exc))
 
 
 def class_mismatch(artifact: dict[str, Any], module_or_fn: Any) -> str | None:
@@ -314,7 +338,9 @@ class FarmCompiled:
     """
 
     def __init__(self, fn: Callable[..., Any] | None, original: Any, *,
-                 prefetched: Prefetched | None, reason: str | None) -> None:
+                 prefetched: Prefetched | None, reason: str | None,
+                 on_guard_failure: Callable[[str, tuple[Any, ...]], None] | None = None
+                 ) -> None:
         self._fn = fn
         self._original = original
         self._jit: Callable[..., Any] | None = None
@@ -323,6 +349,10 @@ class FarmCompiled:
         self.reason = reason
         self._inference = prefetched is not None and prefetched.grad_mode is GradMode.INFERENCE
         self._warned_guard = False
+        self._on_guard_failure = on_guard_failure
+        # Distinct call signatures reported as guard failures (a few: the
+        # farm needs to know a shape is asked for, not how often per node).
+        self._guard_reported: set[tuple[Any, ...]] = set()
         if fn is not None:
             functools.update_wrapper(self, fn, updated=())
 
@@ -360,7 +390,18 @@ class FarmCompiled:
                 self._warned_guard = True
                 log.warning("torch-farm: this call does not fit the artifact's guards (%s); "
                             "such calls run on JIT torch.compile", _guard_reason(exc))
+            self._report_guard(exc, args)
             return self.jit()(*args, **kwargs)
+
+    def _report_guard(self, exc: BaseException, args: tuple[Any, ...]) -> None:
+        if self._on_guard_failure is None or len(self._guard_reported) >= 16:
+            return
+        sig = tuple((str(getattr(a, "dtype", type(a).__name__)), tuple(getattr(a, "shape", ())))
+                    for a in args)
+        if sig in self._guard_reported:
+            return
+        self._guard_reported.add(sig)
+        self._on_guard_failure(_guard_reason(exc), args)
 
     def __repr__(self) -> str:
         if self.prefetched is not None and self._fn is not None:

@@ -31,12 +31,15 @@ from . import (
     keys,
     lifecycle,
     models,
+    reports,
     resolve,
     targets,
     tokens,
 )
 from .metrics import Metrics
 from .middleware import BodyLimit, RequestMetrics, ResponseCache
+from .miss_builder import MissBuilder
+from .report_sink import ReportSink
 from .signer import NameSigner
 from .state import AppState, Enqueue, TTLCache
 
@@ -128,6 +131,7 @@ def create_app(
             # Start anyway: requests answer 503 until the database is back.
             log.warning("database unreachable at start-up: %s", exc)
         yield
+        state.reports.stop()
         if database is None:
             db.dispose()
 
@@ -135,12 +139,15 @@ def create_app(
                   lifespan=lifespan)
     metrics = Metrics()
     metrics.attach(state)
+    state.miss_builder = MissBuilder(state)
+    state.reports = ReportSink(db, counter=metrics.reports, on_stored=state.miss_builder)
     app.state.farm = state
     app.state.metrics = metrics
     errors.install(app)
     for router in (jobs.router, code.router, lifecycle.router, models.router, resolve.router,
                    artifacts.router,
-                   targets.router, tokens.router, keys.router, health.router):
+                   targets.router, tokens.router, keys.router, health.router,
+                   reports.router):
         app.include_router(router)
     # Added innermost first: timing wraps everything, the 413 included.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,

@@ -24,6 +24,7 @@ from .schemas import (
     VERSION_PATTERN,
     err,
 )
+from .state import AppState
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +126,12 @@ def module_missing(entrypoint: str) -> str | None:
     return None
 
 
-@router.post("", status_code=201, response_model=SubmitOut,
-             responses={422: err("malformed spec, an entrypoint that does not import, or no "
-                                 "target to build for"),
-                        409: err("the version exists with another program (entrypoint, "
-                                 "kwargs or code) and has builds that did not fail"),
-                        413: err("body over MAX_BODY_BYTES")})
-def submit_job(body: JobSpecIn, state: State, who: Submitter, response: Response) -> SubmitOut:
-    spec = JobSpec.from_json(body.model_dump(exclude_none=True))
+def accept_job(state: AppState, spec: JobSpec, *,
+               submitted_by: str | None) -> tuple[str, bool, str | None]:
+    """Take a job the way ``POST /v1/jobs`` does (code check, targets, version
+    binding, commit, then enqueue): ``(job id, enqueued, warning)``. Build on
+    miss and ``farm plan --submit`` submit through here too, so their jobs
+    are checked, signed and deduplicated (by build key) like any other."""
     # The API never imports the model's code. Shipped code is checked by the
     # trace stage, in seconds (module, callable, kwargs); code said to be
     # installed must at least be found here, where the farm runs.
@@ -161,17 +160,17 @@ def submit_job(body: JobSpecIn, state: State, who: Submitter, response: Response
     try:
         names.check_version(state, spec)
         try:
-            job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=who.name)
+            job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=submitted_by)
         except Conflict:
             # Two first submissions of one model raced to create its row; the
             # loser's retry finds it.
-            job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=who.name)
+            job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=submitted_by)
     except service.InvalidRequest as exc:
         # The version exists with another program: a conflict, not a bad request.
         raise HTTPException(409, str(exc)) from None
     # Signed now, from the request this token made: what nodes will accept as
     # this version (docs/security.md).
-    names.bind_version(state, spec, submitted_by=who.name)
+    names.bind_version(state, spec, submitted_by=submitted_by)
     # Only after the commit: a worker must never get an id the database lacks.
     enqueued, warning = True, None
     try:
@@ -185,6 +184,18 @@ def submit_job(body: JobSpecIn, state: State, who: Submitter, response: Response
         warning = (f"job recorded but the broker is unreachable ({type(exc).__name__}: "
                    f"{str(exc).strip()[:200]}); it stays queued and is sent again when the "
                    "broker is back")
+    return job_id, enqueued, warning
+
+
+@router.post("", status_code=201, response_model=SubmitOut,
+             responses={422: err("malformed spec, an entrypoint that does not import, or no "
+                                 "target to build for"),
+                        409: err("the version exists with another program (entrypoint, "
+                                 "kwargs or code) and has builds that did not fail"),
+                        413: err("body over MAX_BODY_BYTES")})
+def submit_job(body: JobSpecIn, state: State, who: Submitter, response: Response) -> SubmitOut:
+    spec = JobSpec.from_json(body.model_dump(exclude_none=True))
+    job_id, enqueued, warning = accept_job(state, spec, submitted_by=who.name)
     view = service.job_view(state.db, job_id)
     response.headers["Location"] = f"/v1/jobs/{job_id}"
     return SubmitOut(

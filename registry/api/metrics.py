@@ -37,6 +37,11 @@ class Metrics:
                                 ["result"], registry=self.registry)
         for result in ("hit", "miss"):
             self.resolves.labels(result)
+        # What nodes report (POST /v1/reports), per replica: kind is miss,
+        # guard_failure, fallback or load; reason the report's code.
+        self.reports = Counter("farm_node_reports", "Node reports received, by model, target, "
+                               "kind and reason", ["model", "target", "kind", "reason"],
+                               registry=self.registry)
         self.latency = Histogram("farm_http_request_duration_seconds",
                                  "HTTP request latency by method, route template and status",
                                  ["method", "route", "status"], buckets=LATENCY_BUCKETS,

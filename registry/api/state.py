@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import cachetools
 
@@ -17,6 +17,10 @@ from registry.blobstore import DEFAULT_PRESIGN_EXPIRES_S, BlobStore
 from registry.db import Database
 
 from .signer import NameSigner
+
+if TYPE_CHECKING:
+    from .miss_builder import MissBuilder
+    from .report_sink import ReportSink
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +178,9 @@ class AppState:
     # resolve misses recorded lately, so a fleet missing at once is one row per few seconds
     recent_misses: TTLCache[tuple[Any, ...], bool] = field(
         default_factory=lambda: TTLCache(5.0))
+    # node reports (POST /v1/reports) and build on miss; set by create_app
+    reports: ReportSink = field(init=False)
+    miss_builder: MissBuilder = field(init=False)
 
     @property
     def heartbeat_max_age_s(self) -> float:

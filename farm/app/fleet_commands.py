@@ -1,0 +1,207 @@
+"""The fleet-feedback commands: misses, a model's status, coverage, policy, plan."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from farm.app.console import EXIT_OK, CommandFailed, _print_json, _short_target
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from farm.node.client import FarmClient
+
+    # A command reads the farm; it reports nothing of its own.
+    return FarmClient(url=args.url, reports=False)
+
+
+def _when(text: Any) -> str:
+    return str(text or "")[:19].replace("T", " ")
+
+
+def _miss_lines(rows: list[dict[str, Any]], *, with_model: bool) -> list[str]:
+    out = []
+    for r in rows:
+        what = f"{r['model']}@{r.get('version') or r.get('ref') or 'latest'}  " \
+            if with_model else f"@{r.get('version') or r.get('ref') or 'latest'}  "
+        out.append(f"{r['count']:>6}  {r['kind']:<13} {what}{r['inputs']} ({r['grad_mode']})  "
+                   f"on {_short_target(str(r['target']))}  [{r.get('code') or '-'}]  "
+                   f"{r.get('nodes', 0)} node(s), last {_when(r.get('last_at'))}")
+        if r.get("reason"):
+            out.append(f"        {str(r['reason'])[:160]}")
+    return out
+
+
+def cmd_misses(args: argparse.Namespace) -> int:
+    body = _client(args).misses(args.model, since_s=args.since, limit=args.limit)
+    if args.json:
+        _print_json(body)
+        return EXIT_OK
+    rows = body.get("misses") or []
+    if not rows:
+        print("no misses reported" + (f" for {args.model}" if args.model else ""))
+        return EXIT_OK
+    print(f"{'count':>6}  {'kind':<13} what")
+    print("\n".join(_miss_lines(rows, with_model=True)))
+    return EXIT_OK
+
+
+def model_status(args: argparse.Namespace, name: str) -> int:
+    """``farm status MODEL``: versions, aliases, what nodes reported, top misses."""
+    client = _client(args)
+    model = next((m for m in client.models() if m.get("name") == name), None)
+    if model is None:
+        raise CommandFailed(f"no job or model {name!r}: `farm jobs` and `farm models` list them")
+    reports = client.model_reports(name, since_s=getattr(args, "since", None))
+    policy = client.policy(name)
+    if args.json:
+        _print_json({"model": model, "reports": reports, "policy": policy})
+        return EXIT_OK
+    aliases = model.get("aliases") or {}
+    print(f"{name}  build on miss: {'on' if policy.get('build_on_miss') else 'off'}")
+    for v in model.get("versions") or []:
+        tags = [a for a, ver in sorted(aliases.items()) if ver == v.get("version")]
+        print(f"  {v.get('version')}: {v.get('artifacts')} artifact(s)"
+              + (f"  ({', '.join(tags)})" if tags else ""))
+    counts = reports.get("counts") or {}
+    print("node reports: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in
+                                       ("load", "miss", "guard_failure", "fallback")))
+    misses = reports.get("misses") or []
+    if misses:
+        print("misses:")
+        print("\n".join("  " + line for line in _miss_lines(misses, with_model=False)))
+    for b in policy.get("miss_builds") or []:
+        print(f"built on miss: {b['version']} {b['inputs']} on {_short_target(b['target'])} "
+              f"-> job {str(b.get('job_id') or '?')[:8]}")
+    return EXIT_OK
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    name, version = args.model
+    body = _client(args).coverage(name, version)
+    if args.json:
+        _print_json(body)
+        return EXIT_OK
+    for v in body.get("versions") or []:
+        tags = f"  ({', '.join(v['aliases'])})" if v.get("aliases") else ""
+        print(f"{name}@{v['version']}{tags}")
+        if not v.get("covers"):
+            print("  covers nothing yet (no artifacts)")
+        for c in v.get("covers") or []:
+            opts = ",".join(f"{k}={val}" for k, val in sorted(c["options"].items()))
+            print(f"  {c['inputs']} ({c['grad_mode']}{', dynamic' if c['dynamic'] else ''})  "
+                  f"on {_short_target(c['target'])}  [{', '.join(c['formats'])}]  {opts}")
+        for u in v.get("uncovered") or []:
+            print(f"  NOT COVERED: {u['inputs']} ({u['grad_mode']}) on "
+                  f"{_short_target(u['target'])}: asked {u['count']}x, rejected: "
+                  f"{', '.join(u['codes'])}" + (f"; {u['hint']}" if u.get("hint") else ""))
+    return EXIT_OK
+
+
+def _policy_lines(p: dict[str, Any]) -> list[str]:
+    interval = p.get("min_interval_s")
+    lines = [f"{p['model']}: build on miss {'on' if p.get('build_on_miss') else 'off'}"
+             + (f", at most one build per {interval:g} s" if interval else "")]
+    if p.get("last_build_at"):
+        lines.append(f"  last build on miss: {_when(p['last_build_at'])}")
+    for b in p.get("miss_builds") or []:
+        lines.append(f"  {_when(b['created_at'])}  {b['version']} {b['inputs']} "
+                     f"({b['grad_mode']}) on {_short_target(b['target'])} -> job "
+                     f"{str(b.get('job_id') or '?')[:8]}")
+    return lines
+
+
+def cmd_policy_show(args: argparse.Namespace) -> int:
+    p = _client(args).policy(args.model)
+    if args.json:
+        _print_json(p)
+    else:
+        print("\n".join(_policy_lines(p)))
+    return EXIT_OK
+
+
+def cmd_policy_set(args: argparse.Namespace) -> int:
+    if args.build_on_miss is None and args.min_interval is None:
+        raise CommandFailed("nothing to set: pass --build-on-miss, --no-build-on-miss or "
+                            "--min-interval S")
+    p = _client(args).set_policy(args.model, build_on_miss=args.build_on_miss,
+                                 min_interval_s=args.min_interval)
+    if args.json:
+        _print_json(p)
+    else:
+        print("\n".join(_policy_lines(p)))
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    body = _client(args).plan(args.target, submit=args.submit, since_s=args.since)
+    if args.json:
+        _print_json(body)
+        return EXIT_OK
+    builds = body.get("builds") or []
+    if not builds:
+        print(f"nothing to build: every model and alias the fleet uses is covered on "
+              f"{args.target}")
+        return EXIT_OK
+    print(f"{len(builds)} build(s) for {args.target}:")
+    for b in builds:
+        print(f"  {b['model']}@{b['version']} {';'.join(b['inputs'])} ({b['grad_mode']}) on "
+              f"{_short_target(b['target'])}  <- {', '.join(b['why'])}")
+    jobs = body.get("jobs")
+    if jobs is not None:
+        failed = [j for j in jobs if j.get("error")]
+        for j in jobs:
+            if j.get("error"):
+                print(f"  not submitted: {j['model']}@{j['version']}: {j['error']}")
+            else:
+                print(f"  submitted {j['model']}@{j['version']} -> job {j['job_id']}")
+        if failed:
+            raise CommandFailed(f"{len(failed)} of {len(jobs)} plan job(s) were not submitted")
+    else:
+        print("(farm plan ... --submit submits them)")
+    return EXIT_OK
+
+
+def add_parsers(sub: Any, *, add_json: Any, model_ref: Any) -> None:
+    """The commands' parsers, on the CLI's subparsers."""
+    p = sub.add_parser("misses", help="what fleet nodes did not get from the farm (their "
+                                      "reports), most frequent first")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL")
+    p.add_argument("--since", type=float, default=None, metavar="S",
+                   help="only the last S seconds")
+    p.add_argument("--limit", type=int, default=50, metavar="N")
+    add_json(p)
+    p.set_defaults(func=cmd_misses)
+
+    p = sub.add_parser("coverage", help="what each version's artifacts serve, and what nodes "
+                                        "asked for that none does")
+    p.add_argument("model", type=model_ref, metavar="MODEL[@VERSION]")
+    add_json(p)
+    p.set_defaults(func=cmd_coverage)
+
+    p = sub.add_parser("policy", help="a model's fleet policy (build on miss)")
+    policy_sub = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+    a = policy_sub.add_parser("show", help="MODEL's policy and its recent builds on miss")
+    a.add_argument("model", metavar="MODEL")
+    add_json(a)
+    a.set_defaults(func=cmd_policy_show)
+    a = policy_sub.add_parser("set", help="turn build on miss on or off for MODEL")
+    a.add_argument("model", metavar="MODEL")
+    a.add_argument("--build-on-miss", dest="build_on_miss", action="store_true", default=None,
+                   help="a miss nodes report (a known version on a live target, or a shape "
+                        "no artifact covers) starts a build")
+    a.add_argument("--no-build-on-miss", dest="build_on_miss", action="store_false")
+    a.add_argument("--min-interval", type=float, default=None, metavar="S",
+                   help="at most one build on miss per S seconds for this model (default 60)")
+    add_json(a)
+    a.set_defaults(func=cmd_policy_set)
+
+    p = sub.add_parser("plan", help="the builds a target needs so every model and alias the "
+                                    "fleet uses is covered there (e.g. a new torch)")
+    p.add_argument("--target", required=True, metavar="SELECTOR",
+                   help="a full target, or a selector such as 'cpu/torch=2.14.0+cpu'")
+    p.add_argument("--submit", action="store_true", help="submit the builds")
+    p.add_argument("--since", type=float, default=None, metavar="S",
+                   help="count only node reports of the last S seconds")
+    add_json(p)
+    p.set_defaults(func=cmd_plan)

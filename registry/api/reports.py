@@ -1,0 +1,203 @@
+"""Fleet feedback over HTTP: node reports, misses, coverage, policies, upgrade plans."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from farm.core.specs import CompileOptions, JobSpec, format_inputs, parse_inputs
+from farm.core.target import Target, TargetError, TargetSelector
+from registry import service
+from registry.service import coverage
+from registry.service import miss_builds as mb
+from registry.service import reports as report_service
+
+from .deps import Reader, State, Submitter
+from .schemas import INPUT_PATTERN, NAME_PATTERN, PROTECTED, TARGET_PATTERN, err
+
+router = APIRouter(tags=["fleet"], responses=PROTECTED)
+
+ModelName = Annotated[str, Path(max_length=128, json_schema_extra={"pattern": NAME_PATTERN})]
+SinceS = Annotated[float | None, Query(gt=0, description="only reports of the last N seconds")]
+
+
+class ReportIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["miss", "guard_failure", "fallback", "load"]
+    model: str = Field(max_length=128, json_schema_extra={"pattern": NAME_PATTERN})
+    ref: str | None = Field(default=None, max_length=64)
+    version: str | None = Field(default=None, max_length=64)
+    inputs: list[Annotated[str, Field(max_length=256,
+                                      json_schema_extra={"pattern": INPUT_PATTERN})]] = Field(
+        min_length=1, max_length=64)
+    grad_mode: Literal["inference", "training"] = "inference"
+    target: str = Field(max_length=512, json_schema_extra={"pattern": TARGET_PATTERN})
+    format: str | None = Field(default=None, max_length=32)
+    digest: str | None = Field(default=None, max_length=64)
+    code: str | None = Field(default=None, max_length=32,
+                             description="why, as a code: the resolver's rejection codes, "
+                                         "load_failed, class_mismatch, guard, ...")
+    reason: str | None = Field(default=None, max_length=2000)
+    seconds: float | None = Field(default=None, ge=0)
+    at: datetime | None = Field(default=None, description="when, by the node's clock")
+
+
+class ReportBatchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node: str | None = Field(default=None, max_length=256, description="the node's id")
+    reports: list[ReportIn] = Field(min_length=1, max_length=1000)
+
+
+def _row(r: ReportIn, node: str | None) -> dict[str, Any]:
+    # Parsed so that what is stored is canonical and a bad spec or target is
+    # a 422 naming it, not a row every later reader must skip.
+    specs = parse_inputs(r.inputs)
+    Target.parse(r.target)
+    return {"reported_at": r.at, "kind": r.kind, "model": r.model, "ref": r.ref,
+            "version": r.version, "inputs": format_inputs(specs), "grad_mode": r.grad_mode,
+            "target": r.target, "format": r.format, "digest": r.digest, "code": r.code,
+            "reason": r.reason, "node": node, "seconds": r.seconds}
+
+
+@router.post("/v1/reports", status_code=202,
+             responses={413: err("body over MAX_BODY_BYTES"),
+                        422: err("a malformed report: the message says which and why")})
+async def post_reports(body: ReportBatchIn, state: State, _: Reader) -> dict[str, Any]:
+    """A node's batch of reports: misses, guard failures, JIT fallbacks and
+    loads. Counted at once (``farm_node_reports``), stored within a second."""
+    rows = [_row(r, body.node) for r in body.reports]
+    taken = state.reports.put(rows)
+    return {"accepted": taken, "dropped": len(rows) - taken}
+
+
+@router.get("/v1/misses")
+def get_misses(state: State, _: Reader,
+               model: Annotated[str | None, Query(max_length=128)] = None,
+               since_s: SinceS = None,
+               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+    """What nodes did not get (misses, guard failures, fallbacks), grouped and
+    counted, most frequent first (``farm misses``)."""
+    state.reports.flush(2.0)
+    return {"model": model,
+            "misses": report_service.miss_summary(state.db, model=model, since_s=since_s,
+                                                  limit=limit),
+            "recent": report_service.list_reports(state.db, model=model, since_s=since_s,
+                                                  limit=min(limit, 20))}
+
+
+@router.get("/v1/models/{name}/reports", responses={404: err("no such model")})
+def get_report_counts(name: ModelName, state: State, _: Reader,
+                      since_s: SinceS = None) -> dict[str, Any]:
+    """Reports of one model by kind (for ``farm status MODEL``)."""
+    state.reports.flush(2.0)
+    return {"model": name, "counts": report_service.report_counts(state.db, name,
+                                                                  since_s=since_s),
+            "misses": report_service.miss_summary(state.db, model=name, since_s=since_s,
+                                                  limit=10)}
+
+
+@router.get("/v1/models/{name}/coverage", responses={404: err("no such model or version")})
+def get_coverage(name: ModelName, state: State, _: Reader,
+                 version: Annotated[str | None, Query(max_length=64)] = None,
+                 since_s: SinceS = None) -> dict[str, Any]:
+    """What each version's artifacts serve (targets, shapes with dynamic
+    ranges, grad modes, options) and what nodes asked for that none serves."""
+    state.reports.flush(2.0)
+    return coverage.version_coverage(state.db, name, version, since_s=since_s)
+
+
+class PolicyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    build_on_miss: bool | None = None
+    min_interval_s: float | None = Field(default=None, ge=1, le=86400,
+                                         description="seconds between two builds on miss")
+
+
+@router.get("/v1/models/{name}/policy")
+def get_policy(name: ModelName, state: State, _: Reader) -> dict[str, Any]:
+    """The model's fleet policy (build on miss, off by default) and its recent miss builds."""
+    return mb.get_policy(state.db, name)
+
+
+@router.put("/v1/models/{name}/policy", responses={404: err("no such model")})
+def put_policy(name: ModelName, body: PolicyIn, state: State,
+               who: Submitter) -> dict[str, Any]:
+    """Set the model's policy (``farm policy set MODEL --build-on-miss``)."""
+    out = mb.set_policy(state.db, name, build_on_miss=body.build_on_miss,
+                        min_interval_s=body.min_interval_s, actor=who.name,
+                        default_interval_s=state.settings.farm_miss_build_interval_s)
+    state.miss_builder.forget_policies()
+    return out
+
+
+def _selector(text: str) -> TargetSelector | Target:
+    try:
+        return Target.parse(text)
+    except TargetError:
+        return TargetSelector.parse(text)
+
+
+class PlanIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target: str = Field(max_length=512, description="a full target or a selector")
+    since_s: float | None = Field(default=None, gt=0)
+
+
+def _plan(state: Any, target: str, since_s: float | None) -> list[coverage.PlannedBuild]:
+    state.reports.flush(2.0)
+    live = service.live_targets(state.db, max_age_s=state.heartbeat_max_age_s)
+    return coverage.plan_for_target(state.db, _selector(target), live=live, since_s=since_s)
+
+
+@router.get("/v1/plan", responses={422: err("not a target or selector")})
+def get_plan(state: State, _: Reader,
+             target: Annotated[str, Query(max_length=512)],
+             since_s: SinceS = None) -> dict[str, Any]:
+    """The builds needed so that every model and alias the fleet uses is
+    served on ``target`` (``farm plan --target``)."""
+    return {"target": target, "builds": [b.to_json() for b in _plan(state, target, since_s)]}
+
+
+@router.post("/v1/plan", status_code=201, responses={422: err("not a target or selector")})
+async def submit_plan(body: PlanIn, state: State, who: Submitter) -> dict[str, Any]:
+    """Submit the plan's builds: one job per (model, version, inputs, grad
+    mode, options), through the same path as ``POST /v1/jobs``."""
+    from .jobs import accept_job
+
+    def run() -> dict[str, Any]:
+        plan = _plan(state, body.target, body.since_s)
+        jobs: list[dict[str, Any]] = []
+        grouped: dict[tuple[str, str, str, str, str], list[coverage.PlannedBuild]] = {}
+        for b in plan:
+            k = (b.model, b.version, format_inputs(b.inputs), b.grad_mode.value,
+                 b.options.canonical())
+            grouped.setdefault(k, []).append(b)
+        for builds in grouped.values():
+            first = builds[0]
+            base: JobSpec | None = coverage.base_spec(state.db, first.model, first.version)
+            if base is None:
+                jobs.append({**first.to_json(), "error": "no job of this version to build from"})
+                continue
+            spec = JobSpec(name=base.name, version=base.version, model=base.model,
+                           inputs=first.inputs, grad_mode=first.grad_mode,
+                           options=first.options or CompileOptions(),
+                           targets=tuple(b.target for b in builds),
+                           code_digest=base.code_digest)
+            try:
+                job_id, enqueued, warning = accept_job(state, spec, submitted_by=who.name)
+            except Exception as exc:
+                jobs.append({**first.to_json(), "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            jobs.append({**first.to_json(), "targets": list(spec.targets), "job_id": job_id,
+                         "enqueued": enqueued, "warning": warning})
+        return {"target": body.target, "builds": [b.to_json() for b in plan], "jobs": jobs}
+
+    return await run_in_threadpool(run)
