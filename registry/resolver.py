@@ -61,6 +61,13 @@ breaks (``Rejection.code`` names the rule, ``Rejection.reason`` is one of the
     What the artifact is for:
 
 12. ``grad_mode``   grad mode equal: guards pin it.
+12b. ``layout``     an artifact built for a tensor-parallel layout
+                    (``options.parallel``) needs a node that states the same world
+                    size and mesh (``layout``; its rank may be any one of the
+                    mesh's: the build ran with ``compile_on_one_rank``, so the
+                    graph holds no rank). A node that states a layout gets no
+                    single-process artifact, and one that states none gets no
+                    parallel one: either would run with the wrong collectives.
 13. ``options``     when ``options`` is given, mode, backend, guard filter and
                     disable_guard_check all equal. When it is None, any options
                     are accepted (see the order).
@@ -106,6 +113,7 @@ from farm.core.specs import (
     CompileOptions,
     Dim,
     GradMode,
+    MeshLayout,
     TensorSpec,
     format_inputs,
     inputs_cover,
@@ -127,6 +135,7 @@ ISA = "isa"
 THREADS = "threads"
 LIBSTDCXX = "libstdcxx"
 GRAD_MODE = "grad_mode"
+LAYOUT = "layout"
 OPTIONS = "options"
 INPUTS = "inputs"
 CODES: tuple[str, ...] = (
@@ -143,6 +152,7 @@ CODES: tuple[str, ...] = (
     THREADS,
     LIBSTDCXX,
     GRAD_MODE,
+    LAYOUT,
     OPTIONS,
     INPUTS,
 )
@@ -195,6 +205,11 @@ MSG_LIBSTDCXX = (
     "node's libstdc++ lacks (newest it has: {newest}); the dynamic loader refuses it"
 )
 MSG_GRAD_MODE = "compiled for grad mode {artifact}, requested {requested}; guards pin it"
+MSG_LAYOUT = "built for {artifact}, the node runs {node}"
+MSG_LAYOUT_NODE_NONE = ("built tensor-parallel for {artifact}; the node states no layout "
+                        "(pass its world size and mesh as layout)")
+MSG_LAYOUT_ARTIFACT_NONE = "built for one process, the node runs {node}"
+MSG_LAYOUT_RANK = "rank {rank} is outside {artifact}"
 MSG_OPTIONS = "compiled with options {artifact}, requested {requested}"
 MSG_INPUTS = "input specs {artifact} do not cover the requested {requested}"
 
@@ -241,6 +256,8 @@ def check(
     options: CompileOptions | None = None,
     formats: Sequence[str] | None = None,
     libstdcxx: Collection[str] | None = None,
+    layout: MeshLayout | None = None,
+    rank: int | None = None,
 ) -> tuple[str, str] | None:
     """``(code, reason)`` for the first rule ``artifact`` breaks, or None if it loads."""
     a = artifact.target
@@ -301,6 +318,9 @@ def check(
 
     if artifact.grad_mode != grad_mode:
         return GRAD_MODE, MSG_GRAD_MODE.format(artifact=artifact.grad_mode, requested=grad_mode)
+    problem = _layout_problem(artifact, layout, rank)
+    if problem is not None:
+        return LAYOUT, problem
     if options is not None and artifact.options != options:
         return OPTIONS, MSG_OPTIONS.format(
             artifact=artifact.options.canonical(), requested=options.canonical()
@@ -310,6 +330,22 @@ def check(
             artifact=format_inputs(artifact.inputs) or "(none)",
             requested=format_inputs(inputs) or "(none)",
         )
+    return None
+
+
+def _layout_problem(artifact: ArtifactRecord, layout: MeshLayout | None,
+                    rank: int | None) -> str | None:
+    built = artifact.options.parallel.mesh if artifact.options.parallel else None
+    if built is None and layout is None:
+        return None
+    if built is None:
+        return MSG_LAYOUT_ARTIFACT_NONE.format(node=layout)
+    if layout is None:
+        return MSG_LAYOUT_NODE_NONE.format(artifact=built)
+    if built != layout:
+        return MSG_LAYOUT.format(artifact=built, node=layout)
+    if rank is not None and not 0 <= rank < built.world_size:
+        return MSG_LAYOUT_RANK.format(rank=rank, artifact=built)
     return None
 
 
@@ -392,6 +428,8 @@ def resolve(
     options: CompileOptions | None = None,
     formats: Sequence[str] | None = None,
     libstdcxx: Collection[str] | None = None,
+    layout: MeshLayout | None = None,
+    rank: int | None = None,
 ) -> Resolution:
     """Split ``candidates`` into what ``target`` can load (best first) and the rest, with reasons.
 
@@ -400,6 +438,8 @@ def resolve(
     ``formats`` restricts the formats the node can load; it does not reorder them.
     ``libstdcxx`` is the set of GLIBCXX_/CXXABI_ versions the node's libstdc++
     provides (``farm.core.elf.libstdcxx_provides``); None: not reported.
+    ``layout`` is the node's world size and mesh (None: one process), ``rank``
+    its rank in it (None: not stated).
     """
     if isinstance(formats, str):
         raise ValueError(f"formats must be a sequence of format names, got {formats!r}")
@@ -420,6 +460,8 @@ def resolve(
             options=options,
             formats=formats,
             libstdcxx=libstdcxx,
+            layout=layout,
+            rank=rank,
         )
         if problem is None:
             accepted.append(artifact)

@@ -427,7 +427,115 @@ COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
 # debugging a build; only inductor has modes, and only it gives AOTI packages.
 BACKENDS = ("inductor", "eager", "aot_eager")
 GUARD_FILTERS = ("drop-unserializable", "keep-all")
-OPTION_NAMES = ("mode", "backend", "guard_filter", "disable_guard_check")
+OPTION_NAMES = ("mode", "backend", "guard_filter", "disable_guard_check", "parallel")
+# Tensor-parallel styles a plan may name (torch.distributed.tensor.parallel).
+PARALLEL_STYLES = ("colwise", "rowwise")
+_MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_0-9]\w*)*$")
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    """What a node states about its process group: the world size and the
+    device mesh (shape, dimension names). An artifact built for another one
+    is refused (``registry.resolver`` rule ``layout``)."""
+
+    world_size: int
+    mesh_shape: tuple[int, ...]
+    mesh_dim_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) \
+                or self.world_size < 1:
+            raise SpecError(f"world_size must be a positive int, got {self.world_size!r}")
+        if (not isinstance(self.mesh_shape, tuple) or not self.mesh_shape
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                           for n in self.mesh_shape)):
+            raise SpecError(f"mesh_shape must be a non-empty list of positive ints, "
+                            f"got {self.mesh_shape!r}")
+        size = 1
+        for n in self.mesh_shape:
+            size *= n
+        if size != self.world_size:
+            raise SpecError(f"mesh {list(self.mesh_shape)} holds {size} ranks, world_size is "
+                            f"{self.world_size}: the mesh must cover every rank")
+        if self.mesh_dim_names and (
+                len(self.mesh_dim_names) != len(self.mesh_shape)
+                or not all(isinstance(n, str) and _IDENT_RE.match(n) for n in self.mesh_dim_names)
+                or len(set(self.mesh_dim_names)) != len(self.mesh_dim_names)):
+            raise SpecError(f"mesh_dim_names must be one distinct identifier per mesh dim "
+                            f"({len(self.mesh_shape)}), got {list(self.mesh_dim_names)!r}")
+
+    def __str__(self) -> str:
+        dims = ",".join(f"{n}:{s}" if n else str(s) for n, s in
+                        zip(self.mesh_dim_names or ("",) * len(self.mesh_shape),
+                            self.mesh_shape, strict=True))
+        return f"world {self.world_size}, mesh [{dims}]"
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"world_size": self.world_size,
+                                "mesh_shape": list(self.mesh_shape)}
+        if self.mesh_dim_names:
+            data["mesh_dim_names"] = list(self.mesh_dim_names)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> MeshLayout:
+        if not isinstance(data, Mapping):
+            raise SpecError(f"a layout is an object like {{\"world_size\": 2, \"mesh_shape\": "
+                            f"[2]}}, got {data!r}")
+        unknown = set(data) - {"world_size", "mesh_shape", "mesh_dim_names"}
+        if unknown:
+            raise SpecError(f"unknown layout fields: {', '.join(sorted(unknown))}; known: "
+                            "world_size, mesh_shape, mesh_dim_names")
+        shape = data.get("mesh_shape", [data.get("world_size")])
+        names = data.get("mesh_dim_names") or ()
+        if not isinstance(shape, list | tuple) or not isinstance(names, list | tuple):
+            raise SpecError("mesh_shape and mesh_dim_names are lists")
+        return cls(world_size=data.get("world_size"), mesh_shape=tuple(shape),  # type: ignore[arg-type]
+                   mesh_dim_names=tuple(names))
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """A tensor-parallel build (issue 19): the model is parallelized over a
+    1-D device mesh with ``plan`` (module path -> ``colwise``/``rowwise``,
+    ``parallelize_module``), its inputs are replicated DTensors, and it is
+    compiled once under a fake process group with
+    ``torch.distributed.config.compile_on_one_rank`` so one artifact serves
+    every rank of ``mesh``."""
+
+    mesh: MeshLayout
+    plan: tuple[tuple[str, str], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.mesh.mesh_shape) != 1:
+            # parallelize_module takes a 1-D mesh (or a named sub-mesh of one);
+            # a plan naming which dim each module uses is not designed yet.
+            raise SpecError(f"a parallel plan needs a 1-D mesh, got {list(self.mesh.mesh_shape)}")
+        if not isinstance(self.plan, tuple) or not self.plan:
+            raise SpecError("parallel.plan names at least one module: "
+                            "{\"linear1\": \"colwise\", \"linear2\": \"rowwise\"}")
+        for path, style in self.plan:
+            if not isinstance(path, str) or not _MODULE_PATH_RE.match(path):
+                raise SpecError(f"bad module path {path!r} in parallel.plan: a dotted "
+                                "submodule path such as layers.0.mlp.up")
+            if style not in PARALLEL_STYLES:
+                raise SpecError(f"unknown parallel style {style!r} for {path}; known: "
+                                f"{', '.join(PARALLEL_STYLES)}")
+        if [p for p, _ in self.plan] != sorted({p for p, _ in self.plan}):
+            raise SpecError("parallel.plan must name each module once, sorted "
+                            "(ParallelLayout.from_json sorts)")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.mesh.to_json(), "plan": dict(self.plan)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ParallelLayout:
+        if not isinstance(data, Mapping) or not isinstance(data.get("plan"), Mapping):
+            raise SpecError("parallel must be an object with world_size, mesh_shape, "
+                            "mesh_dim_names and plan ({module path: colwise|rowwise})")
+        mesh = MeshLayout.from_json({k: v for k, v in data.items() if k != "plan"})
+        return cls(mesh=mesh, plan=tuple(sorted(dict(data["plan"]).items())))
 
 
 @dataclass(frozen=True)
@@ -443,8 +551,12 @@ class CompileOptions:
     # dtypes or devices than the artifact's is then not refused but wrong.
     # Recorded, so a node gets it only when it asks for it (or for any options).
     disable_guard_check: bool = False
+    # A tensor-parallel build (ParallelLayout); None: a single-process model.
+    parallel: ParallelLayout | None = None
 
     def __post_init__(self) -> None:
+        if self.parallel is not None and not isinstance(self.parallel, ParallelLayout):
+            raise SpecError(f"parallel must be a ParallelLayout, got {self.parallel!r}")
         if self.mode not in COMPILE_MODES:
             raise SpecError(f"unknown mode {self.mode!r}; known: {', '.join(COMPILE_MODES)}")
         if self.backend not in BACKENDS:
@@ -469,6 +581,9 @@ class CompileOptions:
             # Only when set: options stored before it existed keep their exact
             # canonical text, so their build keys and rows still match.
             data["disable_guard_check"] = True
+        if self.parallel is not None:
+            # Only when set, as above: the layout is in the build key.
+            data["parallel"] = self.parallel.to_json()
         return data
 
     def canonical(self) -> str:
@@ -486,7 +601,10 @@ class CompileOptions:
             dgc = dgc.lower() == "true"
         if not isinstance(dgc, bool):
             raise SpecError(f"disable_guard_check must be true or false, got {dgc!r}")
-        return cls(**{k: str(v) for k, v in data.items()}, disable_guard_check=dgc)
+        raw_parallel = data.pop("parallel", None)
+        parallel = None if raw_parallel is None else ParallelLayout.from_json(raw_parallel)
+        return cls(**{k: str(v) for k, v in data.items()}, disable_guard_check=dgc,
+                   parallel=parallel)
 
 
 _OPTIMIZER_RE = re.compile(r"^[A-Z][A-Za-z0-9_]*$")

@@ -64,10 +64,12 @@ class JobSpecIn(BaseModel):
         max_length=64, examples=[["float32[8,64]"]],
         description="input specs, e.g. float32[8,64] or float32[2..64,128]")
     grad_mode: str = Field(default="inference", description="'inference' or 'training'")
-    options: dict[str, str | bool] = Field(
+    options: dict[str, str | bool | dict[str, Any]] = Field(
         default_factory=dict,
         description="compile options: mode, backend (inductor, eager, aot_eager), "
-                    "guard_filter, disable_guard_check (true/false)")
+                    "guard_filter, disable_guard_check (true/false), parallel (a "
+                    "tensor-parallel layout: world_size, mesh_shape, mesh_dim_names, "
+                    "plan {module path: colwise|rowwise})")
     targets: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list, max_length=64,
         description="full targets or selectors (e.g. 'cpu'); empty: every live target")

@@ -28,6 +28,7 @@ from farm.core.elf import LIBSTDCXX_VERSION_RE
 from farm.core.specs import (
     CompileOptions,
     GradMode,
+    MeshLayout,
     SpecError,
     TensorSpec,
     format_inputs,
@@ -96,6 +97,18 @@ def parse_options(text: str | None) -> CompileOptions | None:
     if not isinstance(data, dict):
         raise SpecError("options must be a JSON object, e.g. {\"mode\": \"default\"}")
     return CompileOptions.from_json(data)
+
+
+def parse_layout(text: str | None) -> MeshLayout | None:
+    """The node's world size and mesh, as JSON (``MeshLayout.to_json``)."""
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SpecError(f"layout must be a JSON object, e.g. {{\"world_size\": 2, "
+                        f"\"mesh_shape\": [2]}}: {exc}") from None
+    return MeshLayout.from_json(data)
 
 
 def parse_formats(formats: list[str] | None) -> list[str] | None:
@@ -169,6 +182,12 @@ async def resolve(
                                                description="formats the node can load")] = None,
     options: Annotated[str | None, Query(max_length=512,
                                          description="compile options as JSON")] = None,
+    layout: Annotated[str | None, Query(
+        max_length=256,
+        description="the node's process group as JSON: world_size, mesh_shape, "
+                    "mesh_dim_names; omitted: one process")] = None,
+    rank: Annotated[int | None, Query(ge=0, le=1 << 20,
+                                      description="the node's rank in layout")] = None,
     libstdcxx: Annotated[str | None, Query(
         max_length=4096,
         description="the GLIBCXX_/CXXABI_ symbol versions the node's libstdc++ provides, "
@@ -180,6 +199,7 @@ async def resolve(
     opts = parse_options(options)
     wanted = parse_formats(formats)
     provides = parse_libstdcxx(libstdcxx)
+    node_layout = parse_layout(layout)
 
     key = (model, ref)
     hit, cached = state.candidates.peek(key)
@@ -194,7 +214,8 @@ async def resolve(
         return JSONResponse({"detail": cached, "rejections": []}, status_code=404)
     assert isinstance(cached, Candidates)
     result = resolver.resolve(cached.records, target=node, inputs=specs, grad_mode=mode,
-                              options=opts, formats=wanted, libstdcxx=provides)
+                              options=opts, formats=wanted, libstdcxx=provides,
+                              layout=node_layout, rank=rank)
     if result.best is None:
         metrics.resolves.labels("miss").inc()
         rejections = [

@@ -397,7 +397,8 @@ def test_first_broken_rule_is_reported() -> None:
 def test_every_code_is_listed() -> None:
     assert set(resolver.CODES) == {
         "format", "unverified", "device", "python", "torch", "cuda", "triton", "gpu",
-        "capability", "isa", "threads", "libstdcxx", "grad_mode", "options", "inputs",
+        "capability", "isa", "threads", "libstdcxx", "grad_mode", "layout", "options",
+        "inputs",
     }  # fmt: skip
 
 
