@@ -72,7 +72,7 @@ if [ "$PHASE" != coldstart ]; then
   # 1. The compiler choice, cached per machine: the worker started below reads it.
   echo "== compiler choice (budget left $(left) s)"
   timeout $(( $(left) - COLDSTART_MIN_S - 120 )) python3 -m farm.build.toolchain cuda
-  echo "toolchain rc=$?"
+  echo "toolchain rc=$? (${SECONDS} s into the run)"
 
   # 2. Builds.
   FARM_S=$(( $(left) - COLDSTART_MIN_S - 10 ))

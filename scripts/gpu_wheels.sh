@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PKGS="celery kombu billiard vine amqp click-didyoumean click-plugins click-repl redis
 sqlalchemy greenlet alembic mako fastapi starlette pydantic pydantic-core pydantic-settings
 annotated-types typing-inspection python-dotenv uvicorn boto3 botocore s3transfer jmespath
-cryptography cffi pycparser opentelemetry-api prompt-toolkit wcwidth tzlocal"
+cryptography cffi pycparser opentelemetry-api prompt-toolkit wcwidth tzlocal tenacity cachetools"
 grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 mkdir -p .whl
 freeze=""
