@@ -67,6 +67,7 @@ from farm.core.modelref import (
     external_objects,
     grad_context,
 )
+from farm.core.parallel import build_mesh, fake_group, parallelize, replicate
 from farm.core.specs import GradMode, JobSpec, canonical_json
 from farm.core.torch_compat import enable_aot_compile
 from farm.node.loader import AOTI_META_KEY, FORMAT_AOT_COMPILE, FORMAT_AOTI, _describe, call_module
@@ -105,6 +106,11 @@ def aoti_not_applicable(spec: JobSpec) -> str | None:
         return ("AOTI packages of a function with external_data are not built: its captured "
                 f"objects ({', '.join(spec.model.external_data)}) would be constants the "
                 "node cannot supply")
+    if spec.options.parallel is not None:
+        # torch.export of DTensor modules is not what the guide's section 7.1
+        # covers; the tensor-parallel artifact is an aot_compile one.
+        return ("AOTI packages of tensor-parallel (options.parallel) models are not built: "
+                "the artifact is the aot_compile one, built once for every rank")
     if spec.options.backend != "inductor":
         # torch.export + AOTInductor is Inductor code generation; an eager or
         # aot_eager build has no generated code to package.
@@ -151,6 +157,11 @@ def compile_artifacts(
     raises. ``aoti_unavailable`` is ``aoti_unavailable_reason``'s answer when
     the caller has it (None: AOTI can be built); by default it is asked here.
     """
+    if spec.options.parallel is not None and build_mesh() is None:
+        # One process playing rank 0 of the layout (farm.core.parallel).
+        with fake_group(spec.options.parallel, torch.device(target_device).type):
+            return compile_artifacts(spec, target_device, out_dir, formats=formats,
+                                     aoti_unavailable=aoti_unavailable)
     explicit = formats is not None
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}  # a format that was to be built and could not be
@@ -196,6 +207,11 @@ def compile_artifacts(
         # and that the optimizer step is not in the artifact, and why.
         common["train"] = spec.model.train.to_json()
         common["optimizer_step"] = OPTIMIZER_STEP
+    if spec.options.parallel is not None:
+        # What a node's rank process needs: its group's layout, and that the
+        # graph computes mesh coordinates at run time (any rank loads it).
+        common["parallel"] = {**spec.options.parallel.to_json(), "compile_on_one_rank": True,
+                              "built_as": "rank 0 of a fake process group"}
     if device.type == "cpu":
         common["cpu_isa"] = detect_cpu_isa()
     common["cxx"] = cxx_identity()
@@ -273,6 +289,8 @@ def build_weightless(spec: JobSpec, device: torch.device) -> Any:
             check_fits(tensor_bytes(model), free_bytes=free, total_bytes=total, device=str(device))
         model.to_empty(device=device)
         apply_grad_mode(model, spec.grad_mode)
+        if spec.options.parallel is not None:
+            model = parallelize(model, spec.options.parallel, build_mesh())
     return model
 
 
@@ -340,6 +358,8 @@ def mode_options(mode: str) -> dict[str, Any]:
 
 def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> dict[str, Any]:
     inputs = example_inputs(spec.inputs, device=device, mark_dynamic=True)
+    if spec.options.parallel is not None:
+        inputs = replicate(inputs, build_mesh())
     fn, args = _entry(spec, model, inputs)
     policy = GuardPolicy(spec.options.guard_filter)
     options = {**mode_options(spec.options.mode), "guard_filter_fn": policy}

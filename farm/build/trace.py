@@ -67,6 +67,7 @@ from farm.core.modelref import (
     iter_named_tensors,
     model_class_name,
 )
+from farm.core.parallel import build_mesh, fake_group, parallelize, replicate
 from farm.core.specs import JobSpec
 
 log = logging.getLogger(__name__)
@@ -160,12 +161,20 @@ def trace(spec: JobSpec, *, regions: bool = True) -> TraceReport:
     """
     import torch._dynamo  # deferred: importing Dynamo costs about a second
 
+    if spec.options.parallel is not None and build_mesh() is None:
+        # As the compile stage builds it: rank 0 of a fake group (farm.core.parallel).
+        with fake_group(spec.options.parallel, "cpu"):
+            return trace(spec, regions=regions)
     start = time.perf_counter()
     model = build_module(spec.model, device="meta")
+    if spec.options.parallel is not None:
+        model = parallelize(model, spec.options.parallel, build_mesh())
     # A function's captured module (external_data) has real weights: Dynamo
     # fakes the inputs on their device, as meta inputs would mismatch them.
     ext_device = external_device(external_objects(spec.model, model))
     inputs = example_inputs(spec.inputs, device=ext_device or "meta")
+    if spec.options.parallel is not None:
+        inputs = replicate(inputs, build_mesh())
     tensors: list[tuple[str, str, torch.Tensor]] = []
     if isinstance(model, nn.Module):
         apply_grad_mode(model, spec.grad_mode)

@@ -287,6 +287,15 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
 
     import_s = time.perf_counter() - t_import
     spec = JobSpec.from_json(payload["spec"])
+    from farm.core.parallel import build_mesh, fake_group, local, parallelize, replicate
+
+    layout = spec.options.parallel
+    if layout is not None and build_mesh() is None:
+        # As it was built: rank 0 of a fake group. Its collectives do nothing,
+        # in eager and in the artifact alike, so the two still compare like
+        # for like; the real collectives run in tests/integration/test_tensor_parallel.py.
+        with fake_group(layout, torch.device(payload["device"]).type):
+            return verify_step(payload)
     fmt = payload["format"]
     device = payload["device"]
     tol_override = payload.get("tolerance")
@@ -322,6 +331,9 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
         import copy
 
         eager_model = copy.deepcopy(model) if is_module else model
+        if layout is not None and is_module:
+            model = parallelize(model, layout, build_mesh())
+            eager_model = parallelize(eager_model, layout, build_mesh())
         sizes = check_sizes(spec.inputs)
         report.sizes_checked = sizes
         embed = embedding_size(model)
@@ -332,6 +344,8 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
                            mark_dynamic=False, int_high=embed[1] if embed else None)
             for i, s in enumerate(sizes)
         ]
+        if layout is not None:
+            calls = [replicate(c, build_mesh()) for c in calls]
 
         def run(fn: Callable[..., Any], params: Any, inputs: list[Any], seed: int) -> Any:
             with grad_context(spec.grad_mode):
@@ -345,10 +359,11 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
                     if flat:
                         torch.autograd.backward(flat, cots)
             _sync(device)
+            out = pytree.tree_map(local, out)
             grads = {}
             if training and params is not None:
                 for name, p in params.named_parameters():
-                    grads[name] = None if p.grad is None else p.grad.detach().clone()
+                    grads[name] = None if p.grad is None else local(p.grad).detach().clone()
                     p.grad = None
             return out, grads
 

@@ -550,6 +550,8 @@ class FarmClient:
         formats: Sequence[str] | None = None,
         options: Mapping[str, Any] | None = None,
         offline: bool = False,
+        layout: Mapping[str, Any] | None = None,
+        rank: int | None = None,
     ) -> dict[str, Any]:
         """The farm's best artifact for this node (``farm resolve``), with
         ``why`` it was chosen; ``NotFoundError`` (with each candidate's
@@ -559,7 +561,11 @@ class FarmClient:
         farm cannot be reached, the answer kept for the very same question is
         returned instead (``offline: True``, ``resolved_at``); ``fetch`` then
         checks its signature and digest as always and finds the bytes in the
-        cache (``farm prefetch`` puts them there)."""
+        cache (``farm prefetch`` puts them there).
+
+        ``layout`` (``MeshLayout.to_json()``: world_size, mesh_shape,
+        mesh_dim_names) and ``rank``: this process's place in a tensor-parallel
+        group; only an artifact built for that layout is answered."""
         import json
 
         from farm.core.elf import process_libstdcxx
@@ -583,6 +589,13 @@ class FarmClient:
             params.append(("format", f))
         if options:
             params.append(("options", json.dumps(dict(options), sort_keys=True)))
+        if layout is not None:
+            from farm.core.specs import MeshLayout
+
+            params.append(("layout", json.dumps(MeshLayout.from_json(layout).to_json(),
+                                                sort_keys=True)))
+        if rank is not None:
+            params.append(("rank", str(rank)))
         # What this node's libstdc++ provides: the farm refuses an AOTI
         # package whose library needs a symbol version it lacks.
         provides = process_libstdcxx()
