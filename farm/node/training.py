@@ -102,9 +102,15 @@ def compiled_train_step(client: Any, resolved: Mapping[str, Any], model: nn.Modu
     answer) for ``model`` (this node's module, with its weights), and return
     the step. ``loss`` defaults to the job's loss function, ``optimizer`` to
     the job's optimizer over ``model``'s parameters."""
+    from farm.node.compiled import class_mismatch
+
     artifact = resolved.get("artifact", resolved)
     train = train_spec_of(artifact)
     program = loss_step(model, train, loss)
+    why = class_mismatch(dict(artifact), program)
+    if why is not None:
+        # Another model's program would train this one's parameters wrongly.
+        raise ValueError(why)
     fn = client.load(resolved, module=program)
     return make_train_step(program, fn, train, optimizer=optimizer, ddp=ddp,
                            ddp_kwargs=ddp_kwargs, source="farm")

@@ -79,3 +79,18 @@ def test_the_build_compiles_the_loss_step_of_the_factory_module() -> None:
     names = {id(p): n for n, p in real.named_parameters()}
     assert sorted(optimizer_tensors(opt, names)) == sorted(
         f"{n}.momentum_buffer" for n, _ in real.named_parameters())
+
+
+def test_torch_cannot_aot_compile_an_optimizer_step() -> None:
+    """Why the farm runs the optimizer step uncompiled (farm.core.training):
+    Optimizer.step graph-breaks on purpose, and aot_compile needs one full
+    graph. When a torch release lifts this, this test fails, and the farm
+    can compile the step as a second program."""
+    from farm.core.torch_compat import enable_aot_compile
+
+    enable_aot_compile()
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    model(torch.randn(3, 4)).sum().backward()
+    with pytest.raises(Exception, match="graph_break"):
+        torch.compile(opt.step, fullgraph=True, backend="eager").aot_compile(((), {}))
