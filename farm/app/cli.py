@@ -119,7 +119,8 @@ def _add_resolve_args(p: argparse.ArgumentParser) -> None:
                    help="model name; default ref: the 'latest' alias, else the newest version")
     p.add_argument("--input", "-i", dest="inputs", metavar="SPEC", type=input_spec,
                    action="append", required=True,
-                   help="input spec, once per positional input, e.g. float32[8,64]")
+                   help="input spec, once per input, e.g. float32[8,64]; a keyword or dict "
+                        "input is named: input_ids=int64[1,16], batch.x=float32[4,8]")
     p.add_argument("--target", type=node_target, default="auto", metavar="T|auto",
                    help="the node's full target; 'auto' (default) detects this machine "
                         "('auto:cpu', 'auto:cuda' pick the device)")
@@ -167,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", required=True)
     p.add_argument("--input", "-i", dest="inputs", metavar="SPEC", type=input_spec,
                    action="append", required=True,
-                   help="input spec, once per positional input, e.g. float32[8,64] or "
-                        "float32[2..64,128]")
+                   help="input spec, once per input, e.g. float32[8,64] or "
+                        "float32[2..64,128]; a keyword input: input_ids=int64[1,16]{0..31999}, "
+                        "a key of a dict input: batch.x=float32[4,8] (0.x: positional dict)")
     p.add_argument("--kwargs", type=json_object, default={}, metavar="JSON",
                    help="JSON object of factory keyword arguments")
     p.add_argument("--target", dest="targets", action="append", type=target_selector,
@@ -184,7 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-guard-check", action="store_true",
                    help="the loaded artifact skips its guard check (recorded on the artifact; "
                         "a call with other shapes is then not refused)")
+    p.add_argument("--regional", action="store_true",
+                   help="regional compilation: each repeated block (a transformer layer) is "
+                        "compiled once as a nested compile region and stamped for every layer "
+                        "(recorded on the artifact and in its build key)")
     p.add_argument("--train", action="store_true", help="build for training (grad enabled)")
+    p.add_argument("--loss", metavar="MODULE:FN", default=None,
+                   help="a training step: compile loss(model(*inputs), *targets) with its "
+                        "backward, e.g. torch.nn.functional:mse_loss (implies --train)")
+    p.add_argument("--loss-targets", type=int, default=1, metavar="N",
+                   help="with --loss: how many of the last inputs are the loss's targets")
+    p.add_argument("--optimizer", default="SGD", metavar="CLASS",
+                   help="with --loss: the torch.optim class the node and the verifier use")
+    p.add_argument("--optimizer-kwargs", type=json_object, default={}, metavar="JSON",
+                   help="with --loss: the optimizer's keyword arguments, e.g. '{\"lr\": 0.01}'")
     p.add_argument("--function", action="store_true",
                    help="ENTRYPOINT is a free function compiled as it is, not a factory")
     p.add_argument("--external-data", dest="external_data", action="append", default=[],

@@ -32,6 +32,7 @@ from farm.core.specs import (
     JobSpec,
     ModelRef,
     SpecError,
+    TrainSpec,
 )
 from farm.core.target import Target
 
@@ -97,17 +98,26 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except CodePackError as exc:
         raise UsageError(str(exc)) from None
     try:
+        # --loss makes it a training step: the factory's module with its loss
+        # (and backward) compiled, trained with --optimizer on the node.
+        train = None if not getattr(args, "loss", None) else TrainSpec(
+            loss=args.loss, targets=args.loss_targets, optimizer=args.optimizer,
+            optimizer_kwargs=args.optimizer_kwargs)
+        if train is not None and args.function:
+            raise SpecError("--loss trains a factory's module; a --function job has none")
+        kind = "training_step" if train else "function" if args.function else "factory"
         spec = JobSpec(
             name=args.name,
             version=args.version,
-            model=ModelRef(entrypoint=plan.entrypoint, kwargs=args.kwargs,
-                           kind="function" if args.function else "factory",
-                           external_data=tuple(args.external_data)),
+            model=ModelRef(entrypoint=plan.entrypoint, kwargs=args.kwargs, kind=kind,
+                           external_data=tuple(args.external_data), train=train),
             inputs=tuple(args.inputs),
-            grad_mode=GradMode.TRAINING if args.train else GradMode.INFERENCE,
+            grad_mode=(GradMode.TRAINING if args.train or train is not None
+                       else GradMode.INFERENCE),
             options=CompileOptions(mode=args.mode, backend=args.backend,
                                    guard_filter=args.guard_filter,
-                                   disable_guard_check=args.disable_guard_check),
+                                   disable_guard_check=args.disable_guard_check,
+                                   regional=args.regional),
             targets=tuple(args.targets),
         )
     except SpecError as exc:

@@ -34,8 +34,8 @@ class _FunctionModule(nn.Module):
         super().__init__()
         self.fn = fn
 
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
 
 
 def cxx_identity() -> str:

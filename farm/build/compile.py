@@ -38,10 +38,11 @@ keeps every guard, so a model with an unserializable guard fails to save.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ from farm.core.modelref import (
     grad_context,
 )
 from farm.core.parallel import build_mesh, fake_group, parallelize, replicate
-from farm.core.specs import GradMode, JobSpec, canonical_json
+from farm.core.specs import GradMode, JobSpec, call_args, canonical_json
 from farm.core.torch_compat import enable_aot_compile
 from farm.node.loader import AOTI_META_KEY, FORMAT_AOT_COMPILE, FORMAT_AOTI, _describe, call_module
 
@@ -326,11 +327,37 @@ def check_fits(weight_bytes: int, *, free_bytes: int, total_bytes: int, device: 
         )
 
 
-def _entry(spec: JobSpec, model: Any, inputs: list[torch.Tensor]) -> tuple[Any, tuple[Any, ...]]:
-    """What gets traced, and its example arguments."""
+def _entry(spec: JobSpec, model: Any, inputs: list[torch.Tensor]
+           ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """What gets traced, and its example arguments: positional and keyword
+    (``input_ids=``, a dict under a keyword), as the input specs place them."""
+    args, kwargs = call_args(spec.inputs, inputs)
     if isinstance(model, nn.Module):
-        return call_module, (model, *inputs)
-    return model, tuple(inputs)
+        return call_module, (model, *args), kwargs
+    return model, args, kwargs
+
+
+def _module_globals_as_imports(compiled_fn: Any) -> list[str]:
+    """Make the artifact import the Python modules Dynamo's bytecode loads
+    from globals it installed by object id (``___module_collections_<id>_c0``
+    to rebuild a ``transformers`` ``ModelOutput``, an OrderedDict): torch
+    saves none of them, and loading then fails ("Missing required external
+    references"). Recorded as the import sources torch already saves."""
+    import types
+
+    artifacts = getattr(compiled_fn, "_artifacts", None)
+    env = getattr(artifacts, "runtime_env", None)
+    scope = getattr(compiled_fn, "_extra_globals", None) or {}
+    if env is None or not hasattr(env, "import_sources"):
+        return []
+    added = []
+    for ref in sorted(getattr(env, "external_refs", ()) or ()):
+        value = scope.get(ref)
+        if (ref.startswith("___module_") and isinstance(value, types.ModuleType)
+                and ref not in env.import_sources and ref not in env.used_globals):
+            env.import_sources[ref] = value.__name__
+            added.append(value.__name__)
+    return added
 
 
 def mode_options(mode: str) -> dict[str, Any]:
@@ -360,8 +387,13 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
     inputs = example_inputs(spec.inputs, device=device, mark_dynamic=True)
     if spec.options.parallel is not None:
         inputs = replicate(inputs, build_mesh())
-    fn, args = _entry(spec, model, inputs)
-    policy = GuardPolicy(spec.options.guard_filter)
+    fn, args, kwargs = _entry(spec, model, inputs)
+    drop: list[str] = []
+    if spec.options.regional and isinstance(model, nn.Module):
+        from farm.build.regions import region_guard_prefixes
+
+        drop = region_guard_prefixes(model)
+    policy = GuardPolicy(spec.options.guard_filter, drop_prefixes=drop)
     options = {**mode_options(spec.options.mode), "guard_filter_fn": policy}
     compiled = torch.compile(fn, fullgraph=True, backend=spec.options.backend, options=options)
     aot = getattr(compiled, "aot_compile", None)
@@ -378,9 +410,10 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
         from torch._inductor.runtime.cache_dir_utils import cache_dir
 
         tune_dir = Path(cache_dir())
-    with grad_context(spec.grad_mode):
-        compiled_fn = aot((args, {}))
+    with grad_context(spec.grad_mode), _regional(spec, model) as regions:
+        compiled_fn = aot((args, kwargs))
         trace_compile_s = time.perf_counter() - t0
+        imported = _module_globals_as_imports(compiled_fn)
         external = external_objects(spec.model, model)
         if external:
             # Saved as references by name; the node passes its own at load.
@@ -390,7 +423,7 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
         tuned = 0
         if tune_dir is not None:
             t1 = time.perf_counter()
-            warm_up(compiled_fn, args, spec.grad_mode)
+            warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
             tuned = bundle_autotune(path, tune_dir)
             log.info("tuned %d kernels on the target in %.1f s", tuned, time.perf_counter() - t1)
     return {
@@ -405,6 +438,11 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
         "calling_convention": "module" if isinstance(model, nn.Module) else "function",
         "trace_and_lower_s": round(trace_compile_s, 3),
         "guards": policy.summary,
+        # regional: the block classes compiled once each as nested compile
+        # regions, with their instance counts.
+        **({"regional": {"blocks": regions}} if spec.options.regional else {}),
+        # Modules the artifact imports at load in place of Dynamo's by-id globals.
+        **({"module_imports": imported} if imported else {}),
         # Names the node must pass as external_data at load (empty: none).
         "external_data": list(spec.model.external_data),
         # CPU artifacts hold C++ source: loading compiles it on the node.
@@ -412,11 +450,31 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
     }
 
 
-def warm_up(compiled_fn: Callable[..., Any], args: Sequence[Any], grad_mode: GradMode) -> None:
+@contextlib.contextmanager
+def _regional(spec: JobSpec, model: Any) -> Iterator[dict[str, int]]:
+    """Regional compilation for a ``regional: true`` job (farm.build.regions);
+    nothing otherwise."""
+    if not spec.options.regional:
+        yield {}
+        return
+    if not isinstance(model, nn.Module):
+        raise CompileError("regional compilation is for a model's repeated blocks; a free "
+                           "function has none (build it without regional)")
+    from farm.build.regions import RegionsUnavailable, compile_regions
+
+    try:
+        with compile_regions(model) as blocks:
+            yield blocks
+    except RegionsUnavailable as exc:
+        raise CompileError(str(exc)) from None
+
+
+def warm_up(compiled_fn: Callable[..., Any], args: Sequence[Any], grad_mode: GradMode, *,
+            kwargs: dict[str, Any] | None = None) -> None:
     """Run the compiled function once on the target device (and its backward
     for training), so every kernel that tunes at its first launch does so here,
     on the build worker, instead of on each fleet node."""
-    out = compiled_fn(*args)
+    out = compiled_fn(*args, **(kwargs or {}))
     if grad_mode is GradMode.TRAINING:
         leaves = [
             t
@@ -467,6 +525,7 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         raise AOTIUnsupported("AOTI packages are inference-only")
     module = model if isinstance(model, nn.Module) else _FunctionModule(model)
     inputs = example_inputs(spec.inputs, device=device, mark_dynamic=False)
+    args, kwargs = call_args(spec.inputs, inputs)
     dynamic = tuple(
         {i: torch.export.Dim.DYNAMIC(min=d.lo, max=d.hi) for i, d in enumerate(s.dims) if d.dynamic}
         or None
@@ -474,17 +533,33 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
     )
     dynamic_shapes: Any = None
     if any(d is not None for d in dynamic):
-        # A free function's wrapper takes *args: its one argument is that tuple.
-        dynamic_shapes = dynamic if isinstance(model, nn.Module) else (dynamic,)
+        if any(s.name for s in spec.inputs):
+            # By parameter name (the dict form), in the call's own structure.
+            import inspect
+
+            dyn_args, dyn_kwargs = call_args(spec.inputs, dynamic)
+            dynamic_shapes = dict(
+                inspect.signature(module.forward).bind(*dyn_args, **dyn_kwargs).arguments)
+        else:
+            # A free function's wrapper takes *args: its one argument is that tuple.
+            dynamic_shapes = dynamic if isinstance(model, nn.Module) else (dynamic,)
     t0 = time.perf_counter()
     with torch.no_grad():
         try:
             ep = torch.export.export(
-                module, tuple(inputs), dynamic_shapes=dynamic_shapes, strict=False
+                module, args, kwargs or None, dynamic_shapes=dynamic_shapes, strict=False
             )
         except Exception as exc:
             raise AOTIUnsupported(f"torch.export failed: {type(exc).__name__}: {exc}") from exc
     export_s = time.perf_counter() - t0
+    import torch.utils._pytree as pytree
+
+    if (any(s.name for s in spec.inputs)
+            and ep.call_spec.in_spec != pytree.tree_structure((args, kwargs))):
+        # The node's loader feeds the package the tensors in the specs'
+        # (canonical) order: the package must take them in that order.
+        raise AOTIUnsupported(f"torch.export took the inputs as {ep.call_spec.in_spec}, not in "
+                              "the input specs' order")
     lifted = list(getattr(ep.graph_signature, "lifted_tensor_constants", []) or [])
     if lifted:
         # They would become unnamed constants (_tensor_constant0) that the
@@ -514,6 +589,8 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
                 "dtype": s.dtype,
                 "device": device.type,
                 "dims": [[d.lo, d.hi] for d in s.dims],
+                # Keyword and dict inputs only: where the loader takes it from.
+                **({"name": s.name} if s.name else {}),
             }
             for s in spec.inputs
         ],
@@ -571,6 +648,10 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         "march": march or "native",
         "weights_in_package": False,
         "load_needs_cxx_compiler": False,
+        # torch.export traces the whole graph: nested compile regions are a
+        # torch.compile feature, so a regional job's package is not regional.
+        **({"regional": "not applied: an AOTI package is compiled from torch.export's "
+            "whole graph"} if spec.options.regional else {}),
         # Set only where the farm narrows max-autotune's GEMM choices (CPU).
         **({"gemm_backends": gemm_backends} if gemm_backends else {}),
         "calling_convention": farm_meta["calling_convention"],

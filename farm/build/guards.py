@@ -42,10 +42,16 @@ class GuardPolicy:
     """A ``guard_filter_fn`` that applies the job's policy and records what the
     kept guards pin, for the artifact's metadata."""
 
-    def __init__(self, policy: str) -> None:
+    def __init__(self, policy: str, *, drop_prefixes: Sequence[str] = ()) -> None:
         self.policy = policy
         self.unserializable = unserializable_guard_types()
         self.summary: dict[str, Any] = {}
+        # Guards on what exists only while the build runs (a regional build's
+        # nested_compile_region wrapper around a block class's forward: its
+        # closure, which the node's undecorated class does not have, so
+        # loading fails evaluating them: "'NoneType' object has no attribute
+        # '__closure__'"). Dropped whatever the policy, and listed as dropped.
+        self.drop_prefixes = tuple(drop_prefixes)
 
     def cannot_serialize(self, entry: Any) -> bool:
         if entry.guard_type in self.unserializable:
@@ -56,7 +62,8 @@ class GuardPolicy:
         return bool(getattr(entry.orig_guard, "_unserializable", False))
 
     def __call__(self, entries: Sequence[Any]) -> list[bool]:
-        keep = [self.policy == "keep-all" or not self.cannot_serialize(e) for e in entries]
+        keep = [(self.policy == "keep-all" or not self.cannot_serialize(e))
+                and not str(e.name).startswith(self.drop_prefixes) for e in entries]
         self.summary = self._summarise(entries, keep)
         return keep
 

@@ -44,7 +44,6 @@ import os
 import re
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -54,6 +53,7 @@ import torch.fx
 from torch import nn
 
 from farm.build.graph_analysis import _analyse
+from farm.build.regions import repeated_blocks
 from farm.core import fingerprint as fp
 from farm.core.modelref import (
     apply_grad_mode,
@@ -68,13 +68,10 @@ from farm.core.modelref import (
     model_class_name,
 )
 from farm.core.parallel import build_mesh, fake_group, parallelize, replicate
-from farm.core.specs import JobSpec
+from farm.core.specs import JobSpec, call_args
 
 log = logging.getLogger(__name__)
 
-# A block class must repeat this often before it becomes a compile region: below
-# that, the region machinery costs more than tracing the copies.
-MIN_REGION_REPEATS = 2
 TOP_OPS = 25
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -243,8 +240,9 @@ def _return_structure(
     the graph and the code, not the return type.
     """
     try:
+        args, kwargs = call_args(spec.inputs, inputs)
         with grad_context(spec.grad_mode):
-            out = model(*inputs)
+            out = model(*args, **kwargs)
         return fp.return_structure(out)
     except Exception as exc:
         log.info("could not run %s on meta to see what it returns: %s: %s",
@@ -295,9 +293,10 @@ def _capture(
         graphs: list[torch.fx.GraphModule] = []
         backend = _capturing_backend(graphs, need_guards=need_guards)
         compiled = torch.compile(model, fullgraph=True, backend=backend)
+        args, kwargs = call_args(spec.inputs, inputs)
         try:
             with grad_context(spec.grad_mode):
-                compiled(*inputs)
+                compiled(*args, **kwargs)
         except Exception as exc:
             if not _is_captured(exc):
                 raise _to_capture_error(exc) from exc
@@ -417,23 +416,9 @@ def _install_regions(model: nn.Module) -> list[tuple[nn.Module, type]]:
     region = getattr(torch.compiler, "nested_compile_region", None)
     if region is None:  # older torch: no regions, plain capture
         return []
-    candidates: list[tuple[str, nn.Module]] = []
-    counts: Counter[type] = Counter()
-    for name, container in model.named_modules():
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
-            continue
-        for child_name, child in container.named_children():
-            if _regionable(child):
-                candidates.append((f"{name}.{child_name}" if name else child_name, child))
-                counts[type(child)] += 1
-    chosen: list[str] = []
     swapped: list[tuple[nn.Module, type]] = []
-    for name, child in candidates:
+    for _name, child in repeated_blocks(model):
         cls = type(child)
-        # A block nested in a chosen block stays plain: regions inside regions
-        # buy nothing once the outer one is reused.
-        if counts[cls] < MIN_REGION_REPEATS or any(name.startswith(c + ".") for c in chosen):
-            continue
         sub = _region_classes.get(cls)
         if sub is None:
             metaclass: Any = type(cls)  # nn.Module subclasses may bring their own
@@ -447,20 +432,9 @@ def _install_regions(model: nn.Module) -> list[tuple[nn.Module, type]]:
                 },
             )
             _region_classes[cls] = sub
-        chosen.append(name)
         child.__class__ = sub
         swapped.append((child, cls))
     return swapped
-
-
-def _regionable(m: nn.Module) -> bool:
-    # Composite blocks only (a bare Linear gains nothing), with a forward of their
-    # own and no hooks (a hook outside the region would change what is traced).
-    return (
-        next(m.children(), None) is not None
-        and type(m).forward is not nn.Module.forward
-        and not (m._forward_hooks or m._forward_pre_hooks)
-    )
 
 
 def _remove_regions(swapped: list[tuple[nn.Module, type]]) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 
 from farm.build.compile_watch import CompileWatch, autotuned_in, compiled_in
 from farm.build.sandbox import Isolation, compilers_on_path, run_isolated, without_compilers
-from farm.core.specs import Dim, GradMode, JobSpec, TensorSpec
+from farm.core.specs import Dim, GradMode, JobSpec, TensorSpec, call_args
 
 SEED = 1234  # weights and inputs of a verification run; any fixed value will do
 STEADY_CALLS = 10
@@ -219,7 +219,7 @@ def verify_artifact(
 
 def concrete(specs: Sequence[TensorSpec], sizes: Sequence[Sequence[int]]) -> list[TensorSpec]:
     return [
-        TensorSpec(s.dtype, tuple(Dim(n, n) for n in shape), s.values)
+        TensorSpec(s.dtype, tuple(Dim(n, n) for n in shape), s.values, s.name)
         for s, shape in zip(specs, sizes, strict=True)
     ]
 
@@ -348,8 +348,9 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
             calls = [replicate(c, build_mesh()) for c in calls]
 
         def run(fn: Callable[..., Any], params: Any, inputs: list[Any], seed: int) -> Any:
+            args, kwargs = call_args(spec.inputs, inputs)
             with grad_context(spec.grad_mode):
-                out = fn(*inputs)
+                out = fn(*args, **kwargs)
                 if training:
                     flat = [t for t in pytree.tree_leaves(out)
                             if isinstance(t, torch.Tensor) and t.requires_grad]

@@ -255,10 +255,12 @@ def check_value_ranges(specs: Sequence[TensorSpec], embed: tuple[str, int] | Non
     (at trace, in seconds), with words, instead of as an index error inside
     eager at verification, minutes later."""
     # With several inputs an integer one need not be token ids (positions,
-    # lengths): only a lone input is known to index the embedding.
-    if embed is None or len(specs) != 1:
+    # lengths): only a lone input, or one named input_ids (the transformers
+    # convention), is known to index the embedding.
+    if embed is None:
         return
-    for s in specs:
+    tokens = [s for s in specs if s.path[-1:] == ("input_ids",)]
+    for s in tokens or (specs if len(specs) == 1 else ()):
         if s.values is not None and (s.values[1] >= embed[1] or s.values[0] < 0):
             raise ModelBuildError(
                 f"input {s} declares values {s.values[0]}..{s.values[1]}, but the model's "

@@ -427,7 +427,7 @@ COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
 # debugging a build; only inductor has modes, and only it gives AOTI packages.
 BACKENDS = ("inductor", "eager", "aot_eager")
 GUARD_FILTERS = ("drop-unserializable", "keep-all")
-OPTION_NAMES = ("mode", "backend", "guard_filter", "disable_guard_check", "parallel")
+OPTION_NAMES = ("mode", "backend", "guard_filter", "disable_guard_check", "regional", "parallel")
 # Tensor-parallel styles a plan may name (torch.distributed.tensor.parallel).
 PARALLEL_STYLES = ("colwise", "rowwise")
 _MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_0-9]\w*)*$")
@@ -551,6 +551,10 @@ class CompileOptions:
     # dtypes or devices than the artifact's is then not refused but wrong.
     # Recorded, so a node gets it only when it asks for it (or for any options).
     disable_guard_check: bool = False
+    # Regional compilation: each repeated block class (a transformer layer)
+    # is a torch.compiler.nested_compile_region, compiled once and stamped
+    # for every layer, in the same one aot_compile artifact.
+    regional: bool = False
     # A tensor-parallel build (ParallelLayout); None: a single-process model.
     parallel: ParallelLayout | None = None
 
@@ -573,6 +577,8 @@ class CompileOptions:
         if not isinstance(self.disable_guard_check, bool):
             raise SpecError(f"disable_guard_check must be true or false, "
                             f"got {self.disable_guard_check!r}")
+        if not isinstance(self.regional, bool):
+            raise SpecError(f"regional must be true or false, got {self.regional!r}")
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -581,6 +587,9 @@ class CompileOptions:
             # Only when set: options stored before it existed keep their exact
             # canonical text, so their build keys and rows still match.
             data["disable_guard_check"] = True
+        if self.regional:
+            # Only when set, as above.
+            data["regional"] = True
         if self.parallel is not None:
             # Only when set, as above: the layout is in the build key.
             data["parallel"] = self.parallel.to_json()
@@ -592,6 +601,11 @@ class CompileOptions:
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> CompileOptions:
         data = dict(data or {})
+        regional = data.pop("regional", False)
+        if isinstance(regional, str) and regional.lower() in ("true", "false"):
+            regional = regional.lower() == "true"
+        if not isinstance(regional, bool):
+            raise SpecError(f"regional must be true or false, got {regional!r}")
         unknown = set(data) - set(OPTION_NAMES)
         if unknown:
             raise SpecError(f"unknown compile options: {', '.join(sorted(unknown))}; "
@@ -603,7 +617,8 @@ class CompileOptions:
             raise SpecError(f"disable_guard_check must be true or false, got {dgc!r}")
         raw_parallel = data.pop("parallel", None)
         parallel = None if raw_parallel is None else ParallelLayout.from_json(raw_parallel)
-        return cls(**{k: str(v) for k, v in data.items()}, disable_guard_check=dgc,
+        return cls(**{k: str(v) for k, v in data.items()}, regional=regional,
+                   disable_guard_check=dgc,
                    parallel=parallel)
 
 

@@ -53,17 +53,18 @@ class ArtifactLoadError(RuntimeError):
     """The artifact cannot run here (format, ISA, missing or mismatched weights)."""
 
 
-def call_module(module: Any, *inputs: Any) -> Any:
+def call_module(module: Any, *inputs: Any, **kwargs: Any) -> Any:
     """The function the farm compiles for an ``nn.Module``.
 
-    Tracing ``module(*inputs)`` through a plain top-level function (instead of
+    Keyword inputs (``input_ids=...``, a dict under a keyword) pass through
+    as keywords. Tracing ``module(*inputs)`` through a plain top-level function (instead of
     ``module.forward``) gives one calling convention on every torch version
     (torch 2.11's ``torch.compile(module).forward`` has no ``.aot_compile``,
     2.13's traces ``_wrapped_call_impl``), keeps forward hooks in the graph as
     eager runs them, and leaves no closure in the artifact: a decorated
     ``forward``'s closure cannot be pickled.
     """
-    return module(*inputs)
+    return module(*inputs, **kwargs)
 
 
 def load_artifact(
@@ -171,8 +172,8 @@ class BoundArtifact:
         self.fn = fn
         self.module = module
 
-    def __call__(self, *inputs: Any) -> Any:
-        return self.fn(self.module, *inputs)
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        return self.fn(self.module, *inputs, **kwargs)
 
 
 # A farm aot_compile blob is either torch's own bytes or, when the compile
@@ -252,7 +253,22 @@ def _load_aot_compile(path: Path, module: Any, *, disable_guard_check: bool = Fa
     if external_data:
         kw["external_data"] = dict(external_data)
     with fh:
-        fn = torch.compiler.load_compiled_function(fh, **kw)
+        data = fh.read()
+    try:
+        fn = torch.compiler.load_compiled_function(io.BytesIO(data), **kw)
+    except RuntimeError as exc:
+        if "TracingContext.get() must be called within an ongoing trace" not in str(exc):
+            raise
+        # torch 2.13: the saved guards of a nested compile region (a regional
+        # transformers build) hold an ImportSource, whose unpickling installs
+        # an ID_MATCH guard into the current trace, and at load there is none.
+        # The guard checks the loaded function runs are rebuilt from the saved
+        # guard state itself; the one installed here goes into a throwaway
+        # context.
+        from torch._guards import TracingContext, tracing
+
+        with tracing(TracingContext(None)):
+            fn = torch.compiler.load_compiled_function(io.BytesIO(data), **kw)
     if disable_guard_check:
         off = getattr(fn, "disable_guard_check", None)
         if off is None:
@@ -287,6 +303,7 @@ class AOTIRunner:
         self._unflatten = pytree.tree_unflatten
 
     def __call__(self, *args: Any) -> Any:
+        """The package's flat inputs, in its call spec's order."""
         return self._unflatten(self.loader.boxed_run(list(args)), self._out_spec)
 
     def get_metadata(self) -> dict[str, str]:
@@ -337,6 +354,13 @@ class AOTIFunction:
         self.fqns = list(fqns)
         self.meta = meta
         self._inputs: list[dict[str, Any]] = list(meta.get("input_checks") or [])
+        # Keyword and dict inputs (farm.core.specs names): a call's tensors are
+        # taken from their places, in the order the package was exported with.
+        self._specs = None
+        if any(c.get("name") for c in self._inputs):
+            from farm.core.specs import parse_inputs
+
+            self._specs = parse_inputs(meta.get("inputs") or [])
         self._ptrs: list[int] = []
         self._constants: dict[str, Any] = {}
         self._load_constants()
@@ -385,7 +409,23 @@ class AOTIFunction:
                 return f"input {i}: not contiguous"
         return None
 
-    def __call__(self, *inputs: Any) -> Any:
+    def flat_inputs(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+        """The call's tensors in the package's order; a call that does not
+        fit the specs' names is a guard failure, as Dynamo's would be."""
+        if self._specs is None:
+            if kwargs:
+                raise RuntimeError(f"{GUARD_FAILURE}, reason: the package takes positional "
+                                   f"inputs only, got keywords {sorted(kwargs)}")
+            return list(args)
+        from farm.core.specs import SpecError, call_leaves
+
+        try:
+            return call_leaves(self._specs, args, kwargs)
+        except SpecError as exc:
+            raise RuntimeError(f"{GUARD_FAILURE}, reason: {exc}") from None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inputs = self.flat_inputs(args, kwargs)
         reason = self.check(inputs)
         if reason is not None:
             raise RuntimeError(f"{GUARD_FAILURE}, reason: {reason}")

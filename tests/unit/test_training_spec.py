@@ -94,3 +94,29 @@ def test_torch_cannot_aot_compile_an_optimizer_step() -> None:
     model(torch.randn(3, 4)).sum().backward()
     with pytest.raises(Exception, match="graph_break"):
         torch.compile(opt.step, fullgraph=True, backend="eager").aot_compile(((), {}))
+
+
+def test_farm_submit_loss_makes_a_training_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm.app import cli, commands
+
+    calls: list[object] = []
+
+    class FakeClient:
+        def submit(self, spec: object, *, source: object = None) -> dict[str, object]:
+            calls.append(spec)
+            return {"id": "j1", "state": "queued", "code": None}
+
+    monkeypatch.setattr(commands, "_client", lambda args: FakeClient())
+    argv = ["submit", "farm.zoo.basic:mlp", "--name", "m", "--version", "1",
+            "-i", "float32[8,8]", "-i", "float32[8,1]", "--loss", "torch.nn.functional:mse_loss",
+            "--optimizer", "AdamW", "--optimizer-kwargs", '{"lr": 0.01}']
+    assert cli.main(argv) == 0
+    (spec,) = calls
+    assert isinstance(spec, JobSpec)
+    assert spec.model.kind == "training_step" and spec.grad_mode.value == "training"
+    assert spec.model.train is not None
+    assert spec.model.train.to_json() == {"loss": "torch.nn.functional:mse_loss", "targets": 1,
+                                          "optimizer": "AdamW", "optimizer_kwargs": {"lr": 0.01}}
+    # A training step of a free function does not exist: said, not submitted.
+    assert cli.main([*argv, "--function"]) != 0
+    assert len(calls) == 1
