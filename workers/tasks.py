@@ -20,12 +20,14 @@ from sqlalchemy.exc import OperationalError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from farm.build.codeenv import CodeUnavailable, code_dir, code_root
+from farm.build.compile_cache import CacheSession, namespace, open_store
 from farm.build.sandbox import SandboxResult, SandboxUnavailable, build_isolation, run_isolated
 from farm.build.steps import compile_env
 from farm.core.specs import JobSpec
 from farm.core.target import Target
 from registry import service
 from registry.db import DatabaseUnavailable
+from registry.service.cache import cache_salt
 from workers import context
 from workers.app import app
 from workers.routing import COMPILE_TASK, TRACE_TASK
@@ -211,6 +213,9 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         no_aoti = aoti_unavailable_reason(spec, target.device)
         t0 = time.monotonic()
         out_dir = Path(tmp) / "out"
+        # Before the sandbox: the child compiles in caches this worker filled
+        # from the target's shared store; it never reaches the store itself.
+        cache = _shared_cache(target, Path(tmp))
         _stage(db, build_key, "compiling")
         res = run_isolated(
             "farm.build.steps:compile_step",
@@ -289,6 +294,10 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
             )
             return
         logs += [f"dropped: {f}" for f in failures]
+        if cache is not None:
+            # Only a build with a verified artifact adds to the shared cache.
+            _harvest(cache)
+            logs.append(f"compile cache: {cache.stats}")
         first_meta = (res.value["artifacts"][0].get("meta") or {}) if res.value["artifacts"] else {}
         logs += [f"{fmt} FAILED at compile: {why['reason']}"
                  for fmt, why in (first_meta.get("formats_failed") or {}).items()]
@@ -315,6 +324,33 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                     compile_s=compile_s,
                     log_text="\n".join(logs),
                 )
+
+
+def _shared_cache(target: Target, build_dir: Path) -> CacheSession | None:
+    """The target's shared compile cache for this build, prefilled into
+    ``build_dir`` (farm.build.compile_cache); None when it is off. Best
+    effort: a cache that is down costs the build its speed-up, never the build."""
+    s = context.settings()
+    try:
+        store = open_store(mode=s.farm_compile_cache, redis_url=s.redis_url,
+                           farm_home=s.farm_home)
+        if store is None:
+            return None
+        salt = cache_salt(context.database(), str(target))
+        cache = CacheSession(store, namespace(str(target), salt,
+                                              prefix=s.farm_compile_cache_prefix), build_dir)
+        cache.prefill()
+        return cache
+    except Exception as exc:
+        log.warning("no shared compile cache for %s: %s", target, exc)
+        return None
+
+
+def _harvest(cache: CacheSession) -> None:
+    try:
+        cache.harvest()
+    except Exception as exc:
+        log.warning("could not share this build's compile cache: %s", exc)
 
 
 def _stage(db: Any, build_key: str, stage: str) -> None:

@@ -318,6 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(t)
     t.set_defaults(func=cmd.cmd_token_revoke)
 
+    p = sub.add_parser("cache", help="the shared compile caches of targets (admin)")
+    cache_sub = p.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
+    c = cache_sub.add_parser("salt", help="a new salt for TARGET's cache: its builds stop "
+                                          "using every entry written before")
+    c.add_argument("target", metavar="TARGET", help="a full target string (farm targets)")
+    _add_json(c)
+    c.set_defaults(func=cmd.cmd_cache_salt)
+
     p = sub.add_parser("keys", help="signing keys and the trust list (docs/security.md)")
     keys_sub = p.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     k = keys_sub.add_parser("generate", help="a new Ed25519 key pair: FILE (0600) and FILE.pub")

@@ -497,6 +497,16 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cache_salt(args: argparse.Namespace) -> int:
+    answer = _client(args).new_cache_salt(args.target)
+    if args.json:
+        _print_json(answer)
+    else:
+        print(f"{answer['target']}: compile cache salt {answer['old_salt']} -> "
+              f"{answer['salt']}; its builds start from an empty shared cache")
+    return EXIT_OK
+
+
 def cmd_token_list(args: argparse.Namespace) -> int:
     tokens = _client(args).tokens(revoked=args.revoked)
     if args.json:

@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     # comma separated: this machine's CPU target by default, "cuda" (or
     # "cpu,cuda") on a GPU host.
     farm_embedded_devices: str = "cpu"
+    # Shared compile caches per target (farm.build.compile_cache): "on" (the
+    # farm's Redis, else a directory under FARM_HOME), "redis", "dir", "off".
+    # The prefix namespaces the keys, so farms sharing one Redis never share
+    # entries.
+    farm_compile_cache: str = "on"
+    farm_compile_cache_prefix: str = "farm:ccache"
     client_cache_dir: Path | None = None
     client_cache_max_bytes: int = 10 * 1024**3
     # Node reports (farm.node.reports): off with FARM_REPORTS=0; sent every

@@ -411,6 +411,10 @@ class FarmClient:
         """A new API token (admin only); the answer holds the plaintext, shown once."""
         return dict(self._request("POST", "/v1/tokens", json={"name": name, "role": role}))
 
+    def new_cache_salt(self, target: str) -> dict[str, Any]:
+        """A new salt for ``target``'s shared compile cache (admin): disowns its entries."""
+        return dict(self._request("POST", "/v1/cache/salt", json={"target": target}))
+
     def targets(self) -> Any:
         """Targets with live compile workers (``farm targets``)."""
         return self._request("GET", "/v1/targets")

@@ -24,6 +24,7 @@ from registry.db import Database, DatabaseUnavailable
 
 from . import (
     artifacts,
+    cache,
     code,
     errors,
     health,
@@ -147,7 +148,7 @@ def create_app(
     for router in (jobs.router, code.router, lifecycle.router, models.router, resolve.router,
                    artifacts.router,
                    targets.router, tokens.router, keys.router, health.router,
-                   reports.router):
+                   cache.router, reports.router):
         app.include_router(router)
     # Added innermost first: timing wraps everything, the 413 included.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,

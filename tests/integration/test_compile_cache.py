@@ -1,0 +1,169 @@
+"""Shared compile caches (farm.build.compile_cache) on real Redis, wired as the
+compile worker wires them: the worker prefills the sandboxed child's cache
+directories from the target's namespace and harvests what the child added.
+
+A target's entries are never used by another target; a new salt disowns
+them; a poisoned store does not get a wrong artifact past the fresh-process
+verification."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from farm.build.compile_cache import CacheSession, RedisCacheStore, namespace
+from farm.build.sandbox import build_isolation, run_isolated
+from farm.build.steps import compile_env
+from farm.build.verify import verify_artifact
+from farm.core.specs import JobSpec
+from farm.core.target import detect_local_target
+from tests.integration.test_api import CPU, CPU_512, Api, _api
+from tests.slowdown import scaled
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# Inductor (an eager build compiles nothing to cache), small, aot_compile only.
+SPEC = JobSpec.from_json({
+    "name": "cache-stack", "version": "1",
+    "model": {"entrypoint": "farm.zoo.stack:stack", "kwargs": {"layers": 3, "width": 16}},
+    "inputs": ["float32[2,16]"]})
+
+
+def build(store: RedisCacheStore, ns: str, tmp: Path) -> tuple[CacheSession, Any]:
+    """One compile the way workers.tasks._compile_and_store runs it."""
+    tmp.mkdir()
+    cache = CacheSession(store, ns, tmp)
+    cache.prefill()
+    res = run_isolated(
+        "farm.build.steps:compile_step",
+        {"spec": SPEC.to_json(), "device": "cpu", "out_dir": str(tmp / "out"),
+         "aoti_unavailable": "not under test"},
+        timeout_s=scaled(600), memory_mb=6000, env_extra=compile_env(tmp),
+        isolation=build_isolation(writable=(str(tmp),), mode="auto"))
+    return cache, res
+
+
+def kernels(names: set[str]) -> set[str]:
+    """Compiled C++ kernels: what a CPU build spends its time on."""
+    return {n for n in names if n.endswith(".so")}
+
+
+@pytest.fixture
+def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
+    yield from _api(db_url, tmp_path)
+
+
+@pytest.fixture
+def store(redis_url: str) -> RedisCacheStore:
+    return RedisCacheStore(redis_url)
+
+
+def test_a_targets_entries_are_never_used_by_another(store: RedisCacheStore,
+                                                     tmp_path: Path) -> None:
+    here = detect_local_target("cpu")
+    # Another target for the same machine's code: one more thread (a real
+    # target string; the thread count is baked into CPU kernels).
+    other = dataclasses.replace(here, threads=(here.threads or 1) + 1)
+    prefix = f"farm:ccache:test-{uuid.uuid4().hex[:8]}"
+    ns_a = namespace(str(here), "0", prefix=prefix)
+    ns_b = namespace(str(other), "0", prefix=prefix)
+    assert ns_a != ns_b
+
+    cold, res = build(store, ns_a, tmp_path / "a1")
+    assert res.ok, res.error
+    cold.harvest()
+    a_names = store.names(ns_a)
+    assert cold.stats["prefilled"] == 0 and kernels(a_names), cold.stats
+
+    # Target B starts from nothing though A's entries are in the same Redis:
+    # it compiles every kernel itself, into its own namespace.
+    b, res = build(store, ns_b, tmp_path / "b1")
+    assert res.ok, res.error
+    assert b.stats["prefilled"] == 0
+    b.harvest()
+    assert kernels(store.names(ns_b)) == kernels(a_names)  # same code, compiled again
+    assert store.names(ns_a) == a_names  # B wrote nothing into A's namespace
+
+    # A again: every kernel comes from A's cache; none is compiled anew.
+    warm, res = build(store, ns_a, tmp_path / "a2")
+    assert res.ok, res.error
+    assert warm.stats["prefilled"] == len(a_names)
+    warm.harvest()
+    assert not kernels(store.names(ns_a) - a_names)
+
+    # A new salt disowns A's entries.
+    salted, _ = CacheSession(store, namespace(str(here), "1", prefix=prefix),
+                             tmp_path / "a3"), None
+    assert salted.prefill() == 0
+
+
+def test_a_poisoned_entry_is_stopped_by_the_fresh_process_verification(
+        store: RedisCacheStore, tmp_path: Path) -> None:
+    """A plausible poisoned entry: the generated wrapper of the model's graph,
+    under its own key, doubling every output. It loads, the build uses it and
+    the artifact computes the wrong thing (the cache does reach the bytes);
+    the verification in a fresh process with an empty cache refuses it, so
+    the worker stores and serves nothing."""
+    prefix = f"farm:ccache:test-{uuid.uuid4().hex[:8]}"
+    clean = namespace("cpu/clean", "0", prefix=prefix)
+    cold, res = build(store, clean, tmp_path / "clean")
+    assert res.ok, res.error
+    cold.harvest()
+    entries = dict(store.entries(clean))
+    wrappers = [n for n in entries if n.endswith(".py")]
+    assert wrappers, sorted(entries)
+    poisoned = namespace("cpu/poisoned", "0", prefix=prefix)
+    for name, data in entries.items():
+        if name in wrappers:
+            data += POISON
+        store.put(poisoned, name, data)
+
+    cache, res = build(store, poisoned, tmp_path / "poisoned")
+    assert cache.stats["prefilled"] == len(entries)
+    assert res.ok, res.error
+    for art in res.value["artifacts"]:
+        report = verify_artifact(SPEC, art["path"], art["format"], device="cpu",
+                                 timeout_s=scaled(600), memory_mb=6000)
+        assert not report.ok
+        assert "max abs error" in (report.error or ""), report.error
+
+
+# Appended to a generated Inductor wrapper: every output doubled.
+POISON = b"""
+_farm_test_call = call
+
+
+def call(args):
+    out = _farm_test_call(args)
+    for t in out:
+        t.mul_(2)
+    return out
+"""
+
+
+def test_farm_cache_salt_disowns_a_targets_entries(api: Api) -> None:
+    from registry.service.cache import cache_salt
+
+    target = str(CPU)
+    assert cache_salt(api.db, target) == "0"
+    assert api.post("/v1/cache/salt", json={"target": target}).status_code == 403  # submit
+    r = api.post("/v1/cache/salt", role="admin", json={"target": target})
+    assert r.status_code == 200, r.text
+    first = r.json()
+    assert first["old_salt"] == "0" and first["salt"] != "0"
+    second = api.post("/v1/cache/salt", role="admin", json={"target": target}).json()
+    assert second["old_salt"] == first["salt"] != second["salt"]
+    # What workers read at the start of each build, and its namespace.
+    assert cache_salt(api.db, target) == second["salt"]
+    assert namespace(target, second["salt"]) != namespace(target, first["salt"])
+    got = api.get("/v1/cache/salt", role="admin", params={"target": target})
+    assert got.json()["salt"] == second["salt"], got.text
+    # Another target keeps its own salt.
+    assert cache_salt(api.db, str(CPU_512)) == "0"
+    bad = api.post("/v1/cache/salt", role="admin", json={"target": "cpu/isa=avx2"})
+    assert bad.status_code == 422 and "farm targets" in bad.json()["detail"]
