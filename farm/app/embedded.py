@@ -213,6 +213,10 @@ def worker_processes(
             argv = [sys.executable, "-m", "farm.app.cli", "worker", kind]
             if device:
                 argv += ["--device", device]
+            elif len(devices) > 1:
+                # Several compile workers: trace as many jobs at once, so the
+                # second waits for its trace no longer than the first.
+                argv += ["--concurrency", str(min(4, len(devices)))]
             # A device named twice gets two compile workers (builds of one
             # target side by side on a big GPU host), each with its own log.
             n = seen[f"{kind}{device}"] = seen.get(f"{kind}{device}", 0) + 1
