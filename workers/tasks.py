@@ -254,6 +254,10 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                 memory_mb=s.build_memory_mb,
                 import_paths=paths,
                 isolation=isolation,
+                # The verifier checks its real module against the weights'
+                # manifest, as a node will (a fake-weight build has no guards
+                # on them); it, not the compile child, holds the real weights.
+                weights_manifest=(art.get("meta") or {}).get("weights_manifest"),
             )
             logs.append(f"verify {art['format']}: {report.summary()}")
             if not report.ok:

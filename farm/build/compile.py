@@ -57,6 +57,18 @@ from farm.build.aoti_support import (
     portable_march,
     reproducible_cache_dir,
 )
+from farm.build.fake_weights import (
+    WEIGHTS_AUTO,
+    WEIGHTS_EMPTY,
+    WEIGHTS_FAKE,
+    WeightFreeGuards,
+    WeightsPlan,
+    build_fake,
+    describe_failure,
+    fake_inputs,
+    fake_unsupported,
+    manifest_of,
+)
 from farm.build.guards import GuardPolicy, global_state
 from farm.core.cpu_isa import detect_cpu_isa
 from farm.core.digests import sha256_file
@@ -72,6 +84,7 @@ from farm.core.parallel import build_mesh, fake_group, parallelize, replicate
 from farm.core.specs import GradMode, JobSpec, call_args, canonical_json
 from farm.core.torch_compat import enable_aot_compile
 from farm.node.loader import AOTI_META_KEY, FORMAT_AOT_COMPILE, FORMAT_AOTI, _describe, call_module
+from farm.node.weight_check import MANIFEST_KEY
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +203,14 @@ def compile_artifacts(
     out_dir.mkdir(parents=True, exist_ok=True)
     enable_aot_compile()
     device = torch.device(target_device)
-    model = build_weightless(spec, device)
+    model, weights = build_for_compile(spec, device)
+    if weights.mode == WEIGHTS_FAKE and FORMAT_AOTI in wanted:
+        why = ("no AOTI package from a fake-weight build: torch.export of FakeTensor weights "
+               "is not tried yet; the aot_compile artifact is the build")
+        if explicit:
+            raise CompileError(why)
+        wanted = tuple(f for f in wanted if f != FORMAT_AOTI)
+        skipped[FORMAT_AOTI] = why
     common = {
         "device": target_device,
         "torch": torch.__version__,
@@ -200,7 +220,13 @@ def compile_artifacts(
         "inputs": [str(s) for s in spec.inputs],
         "threads": torch.get_num_threads(),
         "global_state": global_state(spec.grad_mode),
+        # How the weights were made (farm.build.fake_weights), and the
+        # manifest the node checks its module against before the first call.
+        "weights": weights.to_json(),
     }
+    manifest = manifest_of(spec, model)
+    if manifest is not None:
+        common[MANIFEST_KEY] = manifest
     if spec.model.train is not None:
         from farm.core.training import OPTIMIZER_STEP
 
@@ -222,7 +248,7 @@ def compile_artifacts(
         t0 = time.perf_counter()
         try:
             if fmt == FORMAT_AOT_COMPILE:
-                meta = compile_aot(spec, model, device, path)
+                meta = compile_aot(spec, model, device, path, weights=weights)
             else:
                 meta = compile_aoti(spec, model, device, path)
         except AOTIUnsupported as exc:
@@ -280,13 +306,54 @@ def compile_job(payload: dict[str, Any]) -> dict[str, Any]:
 # --- building ---------------------------------------------------------------------------
 
 
+def build_for_compile(spec: JobSpec, device: torch.device) -> tuple[Any, WeightsPlan]:
+    """The model to compile and how its weights were made (``options.weights``):
+    ``empty`` (``build_weightless``), ``fake`` (``farm.build.fake_weights``), or
+    ``auto``: empty where the weights fit, fake for a CUDA build where they do not."""
+    wanted = spec.options.weights
+    if wanted == WEIGHTS_FAKE:
+        why = fake_unsupported(spec)
+        if why is not None:
+            raise CompileError(f"options.weights fake: {why}")
+        model, mode = build_fake(spec, device)
+        return model, WeightsPlan(WEIGHTS_FAKE, "asked for (options.weights fake)", mode)
+    try:
+        return build_weightless(spec, device), WeightsPlan(WEIGHTS_EMPTY, (
+            "asked for (options.weights empty)" if wanted == WEIGHTS_EMPTY
+            else "they fit the build device"))
+    except ModelDoesNotFit as exc:
+        if wanted != WEIGHTS_AUTO:
+            raise
+        why = fake_unsupported(spec)
+        if why is not None:
+            raise ModelDoesNotFit(f"{exc}; a fake-weight build cannot help: {why}") from None
+        log.info("weights do not fit %s: building with fake weights (%s)", device, exc)
+        model, mode = build_fake(spec, device)
+        return model, WeightsPlan(WEIGHTS_FAKE, f"they do not fit the build device: {exc}", mode,
+                                  does_not_fit=str(exc))
+
+
+def usable_gpu_memory(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes this process may still allocate on ``device``:
+    the driver's free memory, lowered to what
+    ``torch.cuda.set_per_process_memory_fraction`` leaves this process."""
+    free, total = torch.cuda.mem_get_info(device)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if get_fraction is not None:
+        fraction = float(get_fraction(device))
+        if fraction < 1.0:
+            allowed = int(fraction * total) - torch.cuda.memory_reserved(device)
+            free = max(0, min(free, allowed))
+    return free, total
+
+
 def build_weightless(spec: JobSpec, device: torch.device) -> Any:
     """The model on ``device`` with uninitialised storage (meta, then
     ``to_empty``): compiling needs shapes, dtypes and Parameter types, not values."""
     model = build_module(spec.model, device="meta")
     if isinstance(model, nn.Module):
         if device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(device)
+            free, total = usable_gpu_memory(device)
             check_fits(tensor_bytes(model), free_bytes=free, total_bytes=total, device=str(device))
         model.to_empty(device=device)
         apply_grad_mode(model, spec.grad_mode)
@@ -323,7 +390,8 @@ def check_fits(weight_bytes: int, *, free_bytes: int, total_bytes: int, device: 
             f"the model's weights take {weight_bytes / gib:.1f} GiB, and {device} has "
             f"{free_bytes / gib:.1f} of {total_bytes / gib:.1f} GiB free; a build needs the "
             f"weights to fit in {FIT_HEADROOM:.0%} of free memory. Build it on a larger GPU, "
-            "or shard it (not supported yet)"
+            "or shard it (not supported yet); a CUDA build with options.weights auto or "
+            "fake compiles with fake weights instead (farm.build.fake_weights)"
         )
 
 
@@ -383,8 +451,14 @@ def mode_options(mode: str) -> dict[str, Any]:
 # --- aot_compile ------------------------------------------------------------------------
 
 
-def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> dict[str, Any]:
-    inputs = example_inputs(spec.inputs, device=device, mark_dynamic=True)
+def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
+                weights: WeightsPlan | None = None) -> dict[str, Any]:
+    fake = weights is not None and weights.mode == WEIGHTS_FAKE
+    if fake:
+        assert weights is not None
+        inputs = fake_inputs(spec.inputs, device, weights.fake_mode)
+    else:
+        inputs = example_inputs(spec.inputs, device=device, mark_dynamic=True)
     if spec.options.parallel is not None:
         inputs = replicate(inputs, build_mesh())
     fn, args, kwargs = _entry(spec, model, inputs)
@@ -393,7 +467,8 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
         from farm.build.regions import region_guard_prefixes
 
         drop = region_guard_prefixes(model)
-    policy = GuardPolicy(spec.options.guard_filter, drop_prefixes=drop)
+    policy = (WeightFreeGuards if fake else GuardPolicy)(spec.options.guard_filter,
+                                                         drop_prefixes=drop)
     options = {**mode_options(spec.options.mode), "guard_filter_fn": policy}
     compiled = torch.compile(fn, fullgraph=True, backend=spec.options.backend, options=options)
     aot = getattr(compiled, "aot_compile", None)
@@ -401,7 +476,8 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
         raise CompileError(f"torch {torch.__version__} has no aot_compile on compiled functions")
     t0 = time.perf_counter()
     tune_dir = None
-    if device.type == "cuda":
+    if device.type == "cuda" and not fake:
+        # (A fake-weight build cannot run its kernels: nothing to tune here.)
         # The autotuning results to ship are collected from this process's
         # Inductor cache. It must be the build's own and set before the process
         # starts (the compile worker does: farm.build.steps.compile_env): Inductor's
@@ -411,7 +487,16 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
 
         tune_dir = Path(cache_dir())
     with grad_context(spec.grad_mode), _regional(spec, model) as regions:
-        compiled_fn = aot((args, kwargs))
+        try:
+            compiled_fn = aot((args, kwargs))
+        except Exception as exc:
+            if not fake:
+                raise
+            assert weights is not None
+            # Where torch cannot trace or lower FakeTensor weights: the fit
+            # check's numbers (when that is why it was fake) and torch's reason.
+            cls = ModelDoesNotFit if weights.does_not_fit else CompileError
+            raise cls(describe_failure(weights, exc)) from exc
         trace_compile_s = time.perf_counter() - t0
         imported = _module_globals_as_imports(compiled_fn)
         external = external_objects(spec.model, model)
@@ -429,6 +514,9 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path) -> 
     return {
         # Kernels whose autotuning result ships inside the artifact.
         "autotune_configs": tuned,
+        **({"autotune": "not run on the builder: a fake-weight build has no weights to run "
+            "its kernels with (kernels with several configs tune at a node's first call)"}
+           if fake and device.type == "cuda" else {}),
         "entry": (
             f"{call_module.__module__}:{call_module.__qualname__}"
             if isinstance(model, nn.Module)

@@ -172,8 +172,14 @@ def verify_artifact(
     cold_node: bool | None = None,
     import_paths: Sequence[str | Path] = (),
     isolation: Isolation | None = None,
+    weights_manifest: Sequence[Mapping[str, Any]] | None = None,
 ) -> VerifyReport:
     """Verify in a fresh sandboxed process; never raises for the artifact's faults.
+
+    ``weights_manifest`` (the artifact's ``meta["weights_manifest"]``): the
+    child checks its real module against it before loading, as a node does
+    (a fake-weight build has no guards on its weights). The child, not the
+    builder, holds the real weights.
 
     ``cold_node`` (default: for CPU AOTI packages) hides every C++ compiler
     from the child, proving the artifact loads where there is none.
@@ -195,6 +201,7 @@ def verify_artifact(
             "tolerance": asdict(tolerance) if isinstance(tolerance, Tolerance) else tolerance,
             "cold_node": cold_node,
             "cache_dir": cache,
+            "weights_manifest": list(weights_manifest) if weights_manifest is not None else None,
         }
         iso = None if isolation is None else Isolation(
             readonly=(str(artifact_path),), writable=(cache,), uid=isolation.uid)
@@ -381,7 +388,8 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
                 # what passing this check leads to.
                 fn = load_artifact(payload["path"], fmt, module=model, trust_unverified=True,
                                    disable_guard_check=spec.options.disable_guard_check,
-                                   external_data=external_objects(spec.model, model))
+                                   external_data=external_objects(spec.model, model),
+                                   weights_manifest=payload.get("weights_manifest"))
             report.load_s = round(time.perf_counter() - t0, 4)
             t0 = time.perf_counter()
             with watch.phase() as first_events:

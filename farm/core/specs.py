@@ -427,7 +427,13 @@ COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
 # debugging a build; only inductor has modes, and only it gives AOTI packages.
 BACKENDS = ("inductor", "eager", "aot_eager")
 GUARD_FILTERS = ("drop-unserializable", "keep-all")
-OPTION_NAMES = ("mode", "backend", "guard_filter", "disable_guard_check", "regional", "parallel")
+OPTION_NAMES = ("mode", "backend", "guard_filter", "disable_guard_check", "regional", "parallel",
+                "weights")
+# How a build makes the model's weights (farm.build.fake_weights): "empty"
+# (to_empty on the target: real Parameters, uninitialised memory), "fake"
+# (FakeTensors: no memory at all), "auto" (empty where they fit, fake for a
+# CUDA build whose weights do not fit the build GPU).
+WEIGHT_MODES = ("auto", "empty", "fake")
 # Tensor-parallel styles a plan may name (torch.distributed.tensor.parallel).
 PARALLEL_STYLES = ("colwise", "rowwise")
 _MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_0-9]\w*)*$")
@@ -557,8 +563,13 @@ class CompileOptions:
     regional: bool = False
     # A tensor-parallel build (ParallelLayout); None: a single-process model.
     parallel: ParallelLayout | None = None
+    # WEIGHT_MODES: how the build makes the weights; "auto" unless a job asks.
+    weights: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.weights not in WEIGHT_MODES:
+            raise SpecError(f"unknown weights {self.weights!r}; known: {', '.join(WEIGHT_MODES)} "
+                            "(fake: build without memory for the weights)")
         if self.parallel is not None and not isinstance(self.parallel, ParallelLayout):
             raise SpecError(f"parallel must be a ParallelLayout, got {self.parallel!r}")
         if self.mode not in COMPILE_MODES:
@@ -593,6 +604,9 @@ class CompileOptions:
         if self.parallel is not None:
             # Only when set, as above: the layout is in the build key.
             data["parallel"] = self.parallel.to_json()
+        if self.weights != "auto":
+            # Only when set, as above: a fake-weight artifact's guards differ.
+            data["weights"] = self.weights
         return data
 
     def canonical(self) -> str:

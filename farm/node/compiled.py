@@ -242,13 +242,25 @@ class CompiledHandle:
                      type(module_or_fn).__name__)
             module_or_fn.eval()
         t0 = time.perf_counter()
+        from farm.node.weight_check import MANIFEST_KEY, WeightsMismatch
+
         try:
             from farm.node.loader import load_artifact
 
             fn = load_artifact(pre.path, pre.format, module=module_or_fn,
                                attestation=pre.verified, trust_unverified=pre.verified is None,
                                disable_guard_check=bool((pre.artifact.get("options") or {})
-                                                        .get("disable_guard_check")))
+                                                        .get("disable_guard_check")),
+                               weights_manifest=(pre.artifact.get("meta") or {}).get(MANIFEST_KEY))
+        except WeightsMismatch as exc:
+            # The farm's own check of the weights (a fake-weight build has no
+            # guards on them): refused before anything was loaded.
+            if not fallback:
+                raise
+            reason = f"artifact {pre.digest[:12]} ({pre.format}) refused: {first_line(exc)}"
+            log.warning("torch-farm: %s; using JIT torch.compile instead", reason)
+            self._report("fallback", pre, code="weights_mismatch", reason=reason)
+            return FarmCompiled(None, module_or_fn, prefetched=pre, reason=reason)
         except Exception as exc:
             if not fallback:
                 raise

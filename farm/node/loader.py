@@ -78,6 +78,7 @@ def load_artifact(
     root_key: Any = None,
     disable_guard_check: bool = False,
     external_data: Mapping[str, Any] | None = None,
+    weights_manifest: Sequence[Mapping[str, Any]] | None = None,
 ) -> Callable[..., Any]:
     """Check ``path`` is attested, then load it and return a callable that
     takes only the model inputs.
@@ -102,8 +103,15 @@ def load_artifact(
     ``external_data``: the node's own objects for an artifact of a function
     that captures unserializable ones (an ``nn.Module``), by the names its
     job declared (the artifact's ``meta["external_data"]``).
+
+    ``weights_manifest`` (the artifact's ``meta["weights_manifest"]``): the
+    module's parameters and buffers must match it (name, shape, dtype,
+    device, requires_grad), checked before anything is loaded; a fake-weight
+    build has no guards on the weights, so this is what checks them
+    (``farm.node.weight_check.WeightsMismatch`` names the first difference).
     """
     from farm.node import verify
+    from farm.node.weight_check import check_weights
 
     if attestation is not None:
         if not isinstance(attestation, verify.Verified):
@@ -120,6 +128,7 @@ def load_artifact(
         log.info("%s: attested build %s of %s@%s (builder key %s)", path,
                  verified.build_key[:12], verified.model, verified.version,
                  verified.builder_keyid[:16])
+    check_weights(module, weights_manifest)
     if format == FORMAT_AOT_COMPILE:
         return _load_aot_compile(Path(path), module, disable_guard_check=disable_guard_check,
                                  external_data=external_data)

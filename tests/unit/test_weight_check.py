@@ -1,0 +1,119 @@
+"""The farm's own weight check (farm.node.weight_check): pure, on manifests and
+small modules; and the guard filter of fake-weight builds, on guard-shaped records."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from farm.build.fake_weights import is_weight_guard
+from farm.core.specs import CompileOptions, SpecError
+from farm.node.weight_check import (
+    WeightsMismatch,
+    check_weights,
+    manifest_mismatch,
+    weights_manifest,
+)
+
+
+class Net(nn.Module):
+    def __init__(self, hidden: int = 64, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(32, hidden, dtype=dtype)
+        self.fc2 = nn.Linear(hidden, 32, dtype=dtype)
+        self.register_buffer("scale", torch.ones(32, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x))) * self.scale
+
+
+def test_manifest_names_every_parameter_and_buffer_with_what_guards_checked() -> None:
+    m = weights_manifest(Net())
+    assert [(e["name"], e["kind"]) for e in m] == [
+        ("fc1.weight", "parameter"), ("fc1.bias", "parameter"), ("fc2.weight", "parameter"),
+        ("fc2.bias", "parameter"), ("scale", "buffer")]
+    assert m[0] == {"name": "fc1.weight", "kind": "parameter", "shape": [64, 32],
+                    "dtype": "float32", "device": "cpu", "requires_grad": True}
+
+
+def test_the_same_module_fits_and_one_built_on_meta_does_too() -> None:
+    built = weights_manifest(Net())
+    with torch.device("meta"):
+        meta = Net()
+    meta.to_empty(device="cpu")
+    assert manifest_mismatch(built, weights_manifest(meta)) is None
+    check_weights(Net(), built)  # no raise
+
+
+def test_a_wrong_shape_is_named_with_both_shapes() -> None:
+    why = manifest_mismatch(weights_manifest(Net(hidden=128)), weights_manifest(Net(hidden=64)))
+    assert why == "fc1.weight: shape [64,32], artifact built for [128,32]"
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda n: n.to(torch.float64), "fc1.weight: dtype float64, artifact built for float32"),
+    (lambda n: n.requires_grad_(False),
+     "fc1.weight: requires_grad False, artifact built for True"),
+    (lambda n: n.to("meta"), "fc1.weight: device meta, artifact built for cpu"),
+])
+def test_dtype_requires_grad_and_device_are_checked(change, expected) -> None:  # type: ignore[no-untyped-def]
+    net = Net()
+    change(net)
+    assert manifest_mismatch(weights_manifest(Net()), weights_manifest(net)) == expected
+
+
+def test_missing_and_extra_tensors_are_refused() -> None:
+    want = weights_manifest(Net())
+    net = Net()
+    del net.scale
+    assert manifest_mismatch(want, weights_manifest(net)) == (
+        "scale: the module has no such buffer, the artifact was built for float32[32]")
+    net = Net()
+    net.extra = nn.Parameter(torch.zeros(3))
+    assert manifest_mismatch(want, weights_manifest(net)) == (
+        "extra: the module has this parameter, and the artifact was built without it")
+
+
+def test_a_buffer_where_a_parameter_was_is_refused() -> None:
+    want = weights_manifest(Net())
+    net = Net()
+    w = net.fc1.bias.detach().clone()
+    del net.fc1.bias
+    net.fc1.register_buffer("bias", w)
+    why = manifest_mismatch(want, weights_manifest(net))
+    assert why is not None and why.startswith("fc1.bias: ")
+
+
+def test_check_weights_raises_with_the_reason_and_skips_without_a_manifest() -> None:
+    with pytest.raises(WeightsMismatch, match=r"fc1\.weight: shape \[64,32\], artifact built "
+                                              r"for \[128,32\]"):
+        check_weights(Net(hidden=64), weights_manifest(Net(hidden=128)))
+    check_weights(Net(hidden=64), None)  # an artifact that predates the manifest
+    check_weights(lambda x: x, weights_manifest(Net()))  # a free function has no weights
+
+
+def _guard(kind: str, name: str) -> SimpleNamespace:
+    return SimpleNamespace(guard_type=kind, name=name)
+
+
+def test_weight_guards_are_those_on_one_parameter_or_buffer() -> None:
+    assert is_weight_guard(_guard("TENSOR_MATCH", "module._modules['fc1']._parameters['weight']"))
+    assert is_weight_guard(_guard("TYPE_MATCH", "module._buffers['scale']"))
+    # The dicts that hold them keep their type guards; inputs keep theirs.
+    assert not is_weight_guard(_guard("TYPE_MATCH", "module._parameters"))
+    assert not is_weight_guard(_guard("TENSOR_MATCH", "L['inputs'][0]"))
+    # Other guards on a weight (say its identity) are not this filter's business.
+    assert not is_weight_guard(_guard("ID_MATCH", "module._modules['fc1']._parameters['weight']"))
+
+
+def test_weights_option_enters_the_options_text_only_when_set() -> None:
+    assert CompileOptions().canonical() == CompileOptions.from_json({}).canonical()
+    assert "weights" not in CompileOptions().to_json()
+    fake = CompileOptions.from_json({"weights": "fake"})
+    assert fake.weights == "fake" and fake.to_json()["weights"] == "fake"
+    assert CompileOptions.from_json(fake.to_json()) == fake
+    with pytest.raises(SpecError, match="unknown weights 'real'"):
+        CompileOptions.from_json({"weights": "real"})
