@@ -14,6 +14,18 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "bootstrap: bubblewrap (bwrap) is missing: install it (apt-get install -y bubblewrap)" >&2
   fi
 fi
+# The dashboard's browser test (tests/integration/test_dashboard.py) drives
+# Debian's chromium headless through playwright; playwright's own browser
+# download is never used.
+if [ ! -x /usr/bin/chromium ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+      >/dev/null 2>&1 \
+      || echo "bootstrap: could not install chromium (apt-get install -y chromium)" >&2
+  else
+    echo "bootstrap: chromium is missing: install it (apt-get install -y chromium)" >&2
+  fi
+fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

@@ -26,6 +26,7 @@ from . import (
     artifacts,
     cache,
     code,
+    dashboard,
     errors,
     health,
     jobs,
@@ -148,7 +149,7 @@ def create_app(
     for router in (jobs.router, code.router, lifecycle.router, models.router, resolve.router,
                    artifacts.router,
                    targets.router, tokens.router, keys.router, health.router,
-                   cache.router, reports.router):
+                   dashboard.router, cache.router, reports.router):
         app.include_router(router)
     # Added innermost first: timing wraps everything, the 413 included.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
