@@ -1,13 +1,18 @@
 """The trace stage at 70B scale on a CPU host: time and peak RSS, one process each.
 
-    .venv/bin/python bench/trace_scale.py [--preset 70b] [--batch 1] [--seq 128] [--repeat 1]
+    .venv/bin/python bench/trace_scale.py [--model farm|hf] [--preset 70b|405b] [--batch 1]
+        [--seq 128] [--repeat 1]
 
 Each measurement is a fresh Python process doing the whole job, so time counts
 from the process's start (interpreter and ``import torch`` included) and peak RSS
 is that process's ``ru_maxrss``:
 
 - farm: ``farm.build.trace.trace()`` on the Llama 70B shape (build on meta, capture the
-  full graph with Dynamo, fingerprint, count params/bytes/FLOPs).
+  full graph with Dynamo, fingerprint, count params/bytes/FLOPs). ``--model farm``
+  (default) is the farm's own plain-torch Llama (``farm.zoo.llama``); ``--model hf``
+  is ``transformers``' ``LlamaForCausalLM`` built from the published config's shape
+  (``farm.zoo.hf.PRESETS``: Llama-3-70B, Llama-3.1-405B), on the meta device,
+  nothing downloaded. ``--preset 405b``: 126 layers, hidden 16384.
 - baseline: the bare reference, ``torch.export.export`` of the same model built
   under FakeTensorMode (no fingerprint, no FLOPs, no graph-break detection).
 
@@ -59,10 +64,11 @@ def child_farm(args: argparse.Namespace) -> dict[str, Any]:
     from farm.core.specs import JobSpec, ModelRef, parse_inputs
 
     t_imported = time.time()
+    entry = "farm.zoo.hf:llama_preset" if args.model == "hf" else "farm.zoo.llama:llama"
     spec = JobSpec(
         name="llama-scale",
         version="1",
-        model=ModelRef("farm.zoo.llama:llama", kwargs={"preset": args.preset}),
+        model=ModelRef(entry, kwargs={"preset": args.preset}),
         inputs=parse_inputs([f"int64[{args.batch},{args.seq}]"]),
     )
     report = trace(spec, regions=not args.no_regions)
@@ -74,11 +80,13 @@ def child_export(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from farm.zoo import hf
     from farm.zoo.llama import llama
 
+    build = hf.llama_preset if args.model == "hf" else llama
     t_imported = time.time()
     with FakeTensorMode():
-        model = llama(preset=args.preset).eval()
+        model = build(preset=args.preset).eval()
         tokens = torch.zeros(args.batch, args.seq, dtype=torch.int64)
         ep = torch.export.export(model, (tokens,))
     nodes = len(ep.graph.nodes)
@@ -89,6 +97,7 @@ def run_child(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [
         sys.executable, __file__, "--child", kind,
         "--preset", args.preset, "--batch", str(args.batch), "--seq", str(args.seq),
+        "--model", args.model,
     ]
     if args.no_regions:
         cmd.append("--no-regions")
@@ -106,7 +115,9 @@ def run_child(kind: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--preset", default="70b")
+    ap.add_argument("--preset", default="70b", help="70b or 405b")
+    ap.add_argument("--model", choices=("farm", "hf"), default="farm",
+                    help="farm: farm.zoo.llama; hf: transformers' LlamaForCausalLM")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=1)
@@ -130,8 +141,9 @@ def main() -> None:
             base_runs.append(run_child("export", args))
 
     rep = farm_runs[-1]["report"]
+    which = "transformers LlamaForCausalLM" if args.model == "hf" else "farm.zoo.llama"
     print(
-        f"trace_scale: llama preset {args.preset!r}, tokens int64[{args.batch},{args.seq}], "
+        f"trace_scale: {which} preset {args.preset!r}, tokens int64[{args.batch},{args.seq}], "
         f"{os.cpu_count()} CPUs, load average {load:.2f} at start, {args.repeat} run(s) each, "
         f"median shown"
     )

@@ -23,6 +23,24 @@ class LlamaLogits(nn.Module):
         return self.model(input_ids=input_ids, use_cache=False).logits
 
 
+# Real configs' shapes (config.json of the published checkpoints; nothing is
+# downloaded): Llama-3-70B, and Llama-3.1-405B's 126 layers of hidden 16384.
+PRESETS: dict[str, dict[str, Any]] = {
+    "70b": {"vocab": 128256, "hidden": 8192, "layers": 80, "heads": 64, "kv_heads": 8,
+            "intermediate": 28672, "max_positions": 8192, "rope_theta": 500000.0},
+    "405b": {"vocab": 128256, "hidden": 16384, "layers": 126, "heads": 128, "kv_heads": 8,
+             "intermediate": 53248, "max_positions": 131072, "rope_theta": 500000.0},
+}
+
+
+def llama_preset(preset: str = "70b", *, dtype: str = "bfloat16") -> nn.Module:
+    """``llama`` with a published model's shape (``PRESETS``); build it on the
+    meta device (the trace stage does), never for real."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    return llama(**PRESETS[preset], dtype=dtype)
+
+
 def llama(
     *,
     vocab: int = 32000,
@@ -32,6 +50,7 @@ def llama(
     kv_heads: int = 4,
     intermediate: int = 2816,
     max_positions: int = 2048,
+    rope_theta: float = 10000.0,
     dtype: str = "bfloat16",
 ) -> nn.Module:
     """``transformers.LlamaForCausalLM`` with a small config; input ``int64[B,T]``."""
@@ -45,6 +64,7 @@ def llama(
         "num_key_value_heads": kv_heads,
         "intermediate_size": intermediate,
         "max_position_embeddings": max_positions,
+        "rope_theta": rope_theta,
         "attn_implementation": "sdpa",
         "torch_dtype": getattr(torch, dtype),
     }

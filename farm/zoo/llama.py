@@ -36,6 +36,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         "n_kv_heads": 8,
         "ffn_dim": 28672,
     },
+    # Llama-3.1-405B shape: 126 layers, hidden 16384, 128 query and 8 key-value heads.
+    "405b": {
+        "vocab": 128256,
+        "dim": 16384,
+        "n_layers": 126,
+        "n_heads": 128,
+        "n_kv_heads": 8,
+        "ffn_dim": 53248,
+    },
 }
 
 

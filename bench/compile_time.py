@@ -1,0 +1,229 @@
+"""Compile time of a 16-layer Llama-shaped model, full graph against regional.
+
+    .venv/bin/python bench/compile_time.py [--device cpu|cuda] [--layers 16] [--hidden 128]
+        [--kinds inference,training] [--out bench/results/compile_time-cpu-DATE.txt]
+
+The model is ``transformers``' ``LlamaForCausalLM`` from a ``LlamaConfig``
+(``farm.zoo.hf:llama``, small width, random weights, nothing downloaded); where
+transformers is not installed (the H200 image) it is the farm's own Llama in
+plain torch (``farm.zoo.llama:llama``, same shape), and the output says so.
+
+Each of the four builds (inference and training, each full-graph and
+``regional: true``) runs in a fresh process with its own empty Inductor cache,
+through the farm's own compile path (``farm.build.compile.compile_artifacts``,
+the ``aot_compile`` format, backend inductor): compile seconds are
+``aot_compile`` (Dynamo, AOTAutograd, Inductor and its C++/Triton builds),
+``meta.trace_and_lower_s``. The process then builds the model for real
+(seeded), loads the artifact it wrote, and times steady calls: a forward
+under ``no_grad`` for inference, a forward and backward for training (median
+of ``--calls`` after warm-up), eager alongside.
+
+Goal (issue 14): regional compiles at least 4x faster, with steady per-call
+time within 10% of the full graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+GOAL_RATIO = 4.0
+GOAL_STEADY = 0.10
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def have_transformers() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
+
+
+def model_ref(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
+    """(entrypoint, factory kwargs, description) of the benchmark's model."""
+    heads, kv = max(2, args.hidden // 32), max(1, args.hidden // 64)
+    ffn = args.hidden * 11 // 4
+    if have_transformers() and not args.zoo:
+        return ("farm.zoo.hf:llama",
+                {"vocab": args.vocab, "hidden": args.hidden, "layers": args.layers,
+                 "heads": heads, "kv_heads": kv, "intermediate": ffn,
+                 "max_positions": 4 * args.seq, "dtype": args.dtype},
+                "transformers LlamaForCausalLM (LlamaConfig)")
+    why = "--zoo given" if args.zoo else "transformers is not installed here"
+    return ("farm.zoo.llama:llama",
+            {"vocab": args.vocab, "dim": args.hidden, "n_layers": args.layers,
+             "n_heads": heads, "n_kv_heads": kv, "ffn_dim": ffn, "dtype": args.dtype},
+            f"farm.zoo.llama (plain-torch Llama, same shape; {why})")
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from farm.build.compile import compile_artifacts
+    from farm.core.modelref import apply_grad_mode, build_real, example_inputs, grad_context
+    from farm.core.specs import CompileOptions, GradMode, JobSpec, ModelRef, parse_inputs
+    from farm.node.loader import load_artifact
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    entry, kwargs, _ = model_ref(args)
+    training = args.child_kind == "training"
+    regional = args.child_mode == "regional"
+    spec = JobSpec(
+        name="compile-time", version="1", model=ModelRef(entry, kwargs=kwargs),
+        inputs=parse_inputs([f"int64[{args.batch},{args.seq}]{{0..{args.vocab - 1}}}"]),
+        grad_mode=GradMode.TRAINING if training else GradMode.INFERENCE,
+        options=CompileOptions(regional=regional),
+    )
+    out = tempfile.mkdtemp(prefix="compile-time-")
+    t0 = time.perf_counter()
+    (art,) = compile_artifacts(spec, args.device, __import__("pathlib").Path(out),
+                               formats=["aot_compile"])
+    wall = time.perf_counter() - t0
+    model = build_real(spec.model, device=args.device, seed=0)
+    assert isinstance(model, torch.nn.Module)
+    apply_grad_mode(model, spec.grad_mode)
+    fn = load_artifact(art.path, "aot_compile", module=model, trust_unverified=True)
+    (x,) = example_inputs(spec.inputs, device=args.device, mark_dynamic=False)
+
+    def sync() -> None:
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def step(f: Any) -> None:
+        with grad_context(spec.grad_mode):
+            y = f(x)
+            if training:
+                y.float().sum().backward()
+                for p in model.parameters():
+                    p.grad = None
+        sync()
+
+    def steady(f: Any) -> float:
+        for _ in range(3):
+            step(f)
+        times = []
+        for _ in range(args.calls):
+            t = time.perf_counter()
+            step(f)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    from torch._dynamo.utils import compilation_time_metrics as metrics
+
+    def phase(name: str) -> float:
+        return round(sum(metrics.get(name, ())), 3)
+
+    return {
+        # Where the compile went: Dynamo's bytecode tracing (what regions
+        # shorten: the block is traced once), and the backend (AOTAutograd,
+        # Inductor's lowering and its kernel builds: C++ files on CPU).
+        "dynamo_s": phase("bytecode_tracing"), "backend_s": phase("create_aot_dispatcher_function"),
+        "kernel_build_s": phase("compile_file"),
+        "kind": args.child_kind, "mode": args.child_mode,
+        "compile_s": art.meta["trace_and_lower_s"], "build_wall_s": round(wall, 3),
+        "regional": art.meta.get("regional"),
+        "steady_ms": steady(fn) * 1e3, "eager_ms": steady(model) * 1e3,
+        "torch": torch.__version__,
+    }
+
+
+def run_child(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child-kind", kind, "--child-mode", mode,
+           "--device", args.device, "--layers", str(args.layers), "--hidden", str(args.hidden),
+           "--vocab", str(args.vocab), "--seq", str(args.seq), "--batch", str(args.batch),
+           "--dtype", args.dtype, "--calls", str(args.calls), "--threads", str(args.threads)]
+    if args.zoo:
+        cmd.append("--zoo")
+    cache = tempfile.mkdtemp(prefix="compile-time-cache-")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache,
+           "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
+           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind}/{mode} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return dict(json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=1024)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--kinds", default="inference,training")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads in each build process (0: torch's default); 1 keeps a "
+                         "shared, loaded machine's timings from thread oversubscription")
+    ap.add_argument("--zoo", action="store_true", help="use farm.zoo.llama even with transformers")
+    ap.add_argument("--out", help="also write the table to this file")
+    ap.add_argument("--child-kind", help=argparse.SUPPRESS)
+    ap.add_argument("--child-mode", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child_kind:
+        print(json.dumps(child(args)))
+        return
+
+    _, _, described = model_ref(args)
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    load = os.getloadavg()[0]
+    say(f"compile_time: {described}, {args.layers} layers, hidden {args.hidden}, vocab "
+        f"{args.vocab}, {args.dtype}, tokens int64[{args.batch},{args.seq}], device "
+        f"{args.device}, backend inductor, aot_compile; {os.cpu_count()} CPUs, torch threads "
+        f"{args.threads or 'default'}, load average "
+        f"{load:.2f} at start; {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
+    if not have_transformers() and not args.zoo:
+        say("NOTE: transformers is not installed here: the model is farm.zoo.llama instead")
+    header = (f"{'kind':10}{'mode':10}{'compile s':>11}{'ratio':>8}{'dynamo s':>10}"
+              f"{'backend s':>11}{'C++ s':>8}{'steady ms':>11}{'vs full':>9}{'eager ms':>10}")
+    say()
+    say(header)
+    say("-" * len(header))
+    verdicts = []
+    for kind in args.kinds.split(","):
+        full = run_child(args, kind, "full")
+        regional = run_child(args, kind, "regional")
+        ratio = full["compile_s"] / regional["compile_s"]
+        delta = regional["steady_ms"] / full["steady_ms"] - 1
+        for r in (full, regional):
+            is_reg = r is regional
+            say(f"{kind:10}{r['mode']:10}{r['compile_s']:11.1f}"
+                f"{(f'{ratio:.2f}x' if is_reg else ''):>8}{r.get('dynamo_s', 0):10.1f}"
+                f"{r.get('backend_s', 0):11.1f}{r.get('kernel_build_s', 0):8.1f}"
+                f"{r['steady_ms']:11.2f}"
+                f"{(f'{delta:+.1%}' if is_reg else ''):>9}{r['eager_ms']:10.2f}")
+        verdicts.append(f"{kind}: regional compiles {ratio:.2f}x faster (goal >= {GOAL_RATIO}x: "
+                        f"{'met' if ratio >= GOAL_RATIO else 'NOT met'}), steady {delta:+.1%} "
+                        f"(goal within {GOAL_STEADY:.0%}: "
+                        f"{'met' if abs(delta) <= GOAL_STEADY else 'NOT met'})")
+        say(f"{'':20}regional blocks: {regional['regional']}")
+    say()
+    for v in verdicts:
+        say(v)
+    say(f"torch {full['torch']}; compile s = aot_compile (Dynamo + AOTAutograd + Inductor), "
+        "fresh process and Inductor cache per build; dynamo s = Dynamo's bytecode tracing, "
+        "backend s = AOTAutograd + Inductor, C++ s = Inductor's C++ kernel builds (CPU; "
+        "inside backend s)")
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
