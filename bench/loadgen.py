@@ -32,9 +32,14 @@ SLOW_S = 0.020  # answers slower than this are listed (when and how slow) in the
 # --- load generator (a separate process) ---------------------------------------------------
 
 
-def _request(path: str, token: str, port: int) -> bytes:
-    return (f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
-            f"Authorization: Bearer {token}\r\nUser-Agent: farm-bench\r\n\r\n").encode()
+def _request(path: str, token: str, port: int, body: bytes | None = None) -> bytes:
+    if body is None:
+        return (f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
+                f"Authorization: Bearer {token}\r\nUser-Agent: farm-bench\r\n\r\n").encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
+            f"Authorization: Bearer {token}\r\nUser-Agent: farm-bench\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
 
 
 class _Conn(asyncio.Protocol):
@@ -79,7 +84,18 @@ class _Gen:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
-        self.reqs = [_request(cfg["path"], t, cfg["port"]) for t in cfg["tokens"]]
+        # Requests in turn: one per token (one path), or, with "paths", one
+        # per path (distinct questions: the issue 17 measurement, no two alike
+        # in a row); with "bodies", POSTs of each body to "path".
+        if cfg.get("bodies"):
+            self.reqs = [_request(cfg["path"], cfg["tokens"][i % len(cfg["tokens"])],
+                                  cfg["port"], json.dumps(b).encode())
+                         for i, b in enumerate(cfg["bodies"])]
+        elif cfg.get("paths"):
+            self.reqs = [_request(p, cfg["tokens"][i % len(cfg["tokens"])], cfg["port"])
+                         for i, p in enumerate(cfg["paths"])]
+        else:
+            self.reqs = [_request(cfg["path"], t, cfg["port"]) for t in cfg["tokens"]]
         self.n_req = 0
         self.idle: deque[_Conn] = deque()
         self.pending: deque[float] = deque()
@@ -416,4 +432,10 @@ def loadgen_main(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(loadgen_main(json.loads(sys.argv[1]))), flush=True)
+    # "@FILE": the config is in FILE (10,000 distinct paths do not fit in one
+    # argument: Linux takes at most 128 KiB per argument).
+    arg = sys.argv[1]
+    if arg.startswith("@"):
+        with open(arg[1:]) as f:
+            arg = f.read()
+    print(json.dumps(loadgen_main(json.loads(arg))), flush=True)

@@ -100,9 +100,13 @@ def run_loadgen(cfg: dict[str, Any], *, timeout_s: float) -> tuple[dict[str, Any
     """A load-generator process; its result and the CPU seconds it used."""
     import resource
 
+    text = json.dumps(cfg)
+    if len(text) > 100_000:  # over what one argument may hold: through a file
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            f.write(text)
+        text = "@" + f.name
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = _child_run([sys.executable, str(Path(__file__).with_name("loadgen.py")),
-                      json.dumps(cfg)],
+    out = _child_run([sys.executable, str(Path(__file__).with_name("loadgen.py")), text],
                      timeout_s=timeout_s)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -192,7 +196,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="before each phase, wait up to this long for the rest of the machine "
                         "to use under a quarter of its CPUs (default 30 s)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    p.add_argument("--distinct", action="store_true",
+                   help="issue 17's measurement instead: 10,000 distinct resolve questions "
+                        "against 100,000 artifact rows, resolve caches off, alone and with "
+                        "node reports arriving at --report-rate beside them")
+    p.add_argument("--report-rate", type=int, default=1000,
+                   help="with --distinct: node reports per second (10,000 nodes, one POST "
+                        "/v1/reports every 10 s each = 1,000/s)")
     args = p.parse_args(argv)
+    if args.distinct:
+        return distinct_main(args)
     if args.quick:
         args.duration, args.warmup, args.blob_mb, args.downloads = 3.0, 1.0, 64, 2
         args.wait_idle = 0.0
@@ -381,6 +394,207 @@ def _measure_s3(args: argparse.Namespace, farm: Farm, log: Any
                           "path": f"/v1/artifacts/{farm.big_digest}/blob", "redirects": 50,
                           "repeat": args.downloads, "timeout_s": 300}, timeout_s=900)
     return moto_proc, {"server": server, **out}
+
+
+# --- issue 17: distinct questions, uncached, with node reports beside --------------------
+
+
+def _start_loadgen(cfg: dict[str, Any]) -> tuple[subprocess.Popen[bytes], Path]:
+    """A load generator running in the background (read with ``_finish_loadgen``)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        f.write(json.dumps(cfg))
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("loadgen.py")),
+                             "@" + f.name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT)
+    return proc, Path(f.name)
+
+
+def _finish_loadgen(proc: subprocess.Popen[bytes], cfg_path: Path, *, timeout_s: float
+                    ) -> tuple[dict[str, Any], float]:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise SystemExit(f"report generator ran past {timeout_s:.0f} s") from None
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cfg_path.unlink(missing_ok=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"report generator failed: {err.decode()[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return json.loads(out.decode().strip().splitlines()[-1]), cpu
+
+
+def _with_reports(args: argparse.Namespace, server: Server, bodies: list[dict[str, Any]],
+                  cfg: dict[str, Any], timeout: float) -> Any:
+    """Run the resolve generator ``cfg`` while another process posts node
+    reports at ``--report-rate`` for the same time (its warm-up included)."""
+    def run() -> tuple[dict[str, Any], float]:
+        rep_cfg = {"kind": "open", "port": server.port, "path": "/v1/reports",
+                   "bodies": bodies, "tokens": cfg["tokens"], "rate": args.report_rate,
+                   "warmup_s": cfg["warmup_s"], "duration_s": cfg["duration_s"],
+                   "conns": 32}
+        proc, path = _start_loadgen(rep_cfg)
+        res, cpu = run_loadgen(cfg, timeout_s=timeout)
+        rep, rep_cpu = _finish_loadgen(proc, path, timeout_s=timeout)
+        res["reports"] = rep
+        return res, cpu + rep_cpu
+    return run
+
+
+def _stored_reports(db_url: str) -> int:
+    from sqlalchemy import func, select
+
+    from registry import models as m
+    from registry.db import Database
+
+    db = Database(db_url)
+    try:
+        with db.session() as s:
+            return int(s.scalar(select(func.count()).select_from(m.NodeReport)) or 0)
+    finally:
+        db.dispose()
+
+
+def distinct_main(args: argparse.Namespace) -> int:
+    import distinct_seed
+
+    args.blob_mb = 1
+    args.node_tokens = min(args.node_tokens, 10)
+    if args.db == "sqlite":
+        raise SystemExit("--distinct measures PostgreSQL (the issue's setting): use --db "
+                         "postgres or auto")
+    rates = [int(r) for r in args.rates.split(",") if r.strip()] or [1000]
+    lines: list[str] = []
+
+    def log(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    work = Path(tempfile.mkdtemp(prefix="farm-bench-distinct-"))
+    farm = Farm(args, work, log)
+    if farm.pg_db is None:
+        raise SystemExit("--distinct needs PostgreSQL; it is not reachable")
+    server: Server | None = None
+    try:
+        print(f"seeding a scratch farm in {work} ({farm.db_kind}) ...", flush=True)
+        farm.seed()
+        t0 = time.perf_counter()
+        counts = distinct_seed.seed(farm.db_url)
+        log(f"seeded {counts['artifacts']:,} artifact rows ({counts['versions']:,} versions "
+            f"of {counts['models']:,} models) in {time.perf_counter() - t0:.0f} s")
+        paths = distinct_seed.questions()
+        bodies = distinct_seed.report_bodies()
+        server = Server(farm, workers=args.workers, name="api",
+                        extra_env={**_server_env(args), "FARM_RESOLVE_CACHE_S": "0"})
+        _check_distinct(server, farm, paths)
+        base = {"port": server.port, "paths": paths, "tokens": [farm.read_token],
+                "warmup_s": args.warmup, "duration_s": args.duration, "conns": args.conns}
+        timeout = args.warmup + args.duration + 120
+        res: dict[str, Any] = {}
+        for rate in rates:
+            print(f"distinct, open loop at {rate}/s ...", flush=True)
+            _wait_idle(args, log, f"open loop at {rate}/s")
+            res[f"open {rate}"] = Phase(server, lambda r=rate: run_loadgen(
+                {**base, "kind": "open", "rate": r}, timeout_s=timeout))
+        print("distinct, saturation ...", flush=True)
+        _wait_idle(args, log, "saturation")
+        res["closed"] = Phase(server, lambda: run_loadgen({**base, "kind": "closed",
+                                                           "rate": 0}, timeout_s=timeout))
+        before = _stored_reports(farm.db_url)
+        for rate in rates:
+            print(f"distinct, open loop at {rate}/s with reports ...", flush=True)
+            _wait_idle(args, log, f"open loop at {rate}/s with reports")
+            res[f"open {rate} +reports"] = Phase(server, _with_reports(
+                args, server, bodies, {**base, "kind": "open", "rate": rate}, timeout))
+        print("distinct, saturation with reports ...", flush=True)
+        _wait_idle(args, log, "saturation with reports")
+        res["closed +reports"] = Phase(server, _with_reports(
+            args, server, bodies, {**base, "kind": "closed", "rate": 0}, timeout))
+        time.sleep(2.0)  # the API writes reports in bulk every 0.5 s
+        stored = _stored_reports(farm.db_url) - before
+        _distinct_report(args, farm, res, stored, log)
+    finally:
+        if server is not None:
+            server.stop()
+        farm.drop()
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    out = args.out or ROOT / "bench" / "results" / f"registry_distinct-{dt.date.today()}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print(f"\nsaved to {out}")
+    return 0
+
+
+def _check_distinct(server: Server, farm: Farm, paths: list[str]) -> None:
+    import httpx
+
+    h = {"Authorization": f"Bearer {farm.read_token}"}
+    for path in paths[:20]:
+        r = httpx.get(f"http://{HOST}:{server.port}{path}", headers=h, timeout=10,
+                      trust_env=False)
+        if r.status_code != 200:
+            raise SystemExit(f"{path} answered {r.status_code}: {r.text[:300]}")
+        art = r.json()["artifact"]
+        if "avx2" not in art["target"]:
+            raise SystemExit(f"{path} got an artifact for {art['target']}")
+
+
+def _distinct_label(key: str, args: argparse.Namespace) -> str:
+    beside = f", reports {args.report_rate:,}/s beside" if key.endswith("+reports") else ""
+    if key.startswith("closed"):
+        return f"saturation (closed loop, {args.conns} conns){beside}"
+    rate = int(key.split()[1])
+    return f"open loop, {rate:,} resolves/s offered{beside}"
+
+
+def _distinct_report(args: argparse.Namespace, farm: Farm, res: dict[str, Any], stored: int,
+                     log: Any) -> None:
+    from registry_report import _env_lines, _fmt
+
+    log()
+    for ln in _env_lines(args, farm):
+        log(ln)
+    log("resolve caches off (FARM_RESOLVE_CACHE_S=0): every resolve reads PostgreSQL; "
+        "10,000 distinct (model, version, inputs, target) questions in turn against "
+        "100,000 artifact rows")
+    log()
+    hdr = ("measurement", "result", "goal", "CPU: server / gens / others")
+    rows = []
+    for key, ph in res.items():
+        r = ph.result
+        bad = r["unanswered"] + r["errors"] + sum(v for k, v in r["statuses"].items()
+                                                   if str(k) != "200")
+        result = (f"p50 {_fmt(r['p50_ms'], 2)} ms, p99 {_fmt(r['p99_ms'], 2)} ms; "
+                  f"{r['rps']:,.0f} resolves/s answered"
+                  + (f"; {bad} failed or not 200" if bad else ""))
+        if "reports" in r:
+            rep = r["reports"]
+            rbad = rep["unanswered"] + rep["errors"] + sum(
+                v for k, v in rep["statuses"].items() if str(k) != "202")
+            result += (f"; reports {rep['rps']:,.0f}/s answered, p99 "
+                       f"{_fmt(rep['p99_ms'], 2)} ms" + (f", {rbad} failed" if rbad else ""))
+        goal = ""
+        if key.startswith("open 1000"):
+            goal = "p99 < 20 ms " + ("PASS" if r["p99_ms"] is not None and r["p99_ms"] < 20
+                                     and not bad else "FAIL")
+        elif key.startswith("closed"):
+            goal = ">= 3,000/s " + ("PASS" if r["rps"] >= 3000 and not bad else "FAIL")
+        label = _distinct_label(key, args)
+        rows.append((label, result, goal, ph.cpu()))
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
+    log(" | ".join(h.ljust(w) for h, w in zip(hdr, widths, strict=True)))
+    log("-|-".join("-" * w for w in widths))
+    for row in rows:
+        log(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    log()
+    log(f"node reports written to PostgreSQL during the report phases: {stored:,}")
 
 
 if __name__ == "__main__":

@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     # Build on miss: how long after one build a miss of the same model may
     # start the next (a model's own policy may say longer).
     farm_miss_build_interval_s: float = 60.0
+    # How stale (seconds) the API's resolve caches may be: a version's artifact
+    # list and whole resolve answers. 0 turns both off (bench/registry_load.py
+    # --distinct measures that: every resolve reads the database).
+    farm_resolve_cache_s: float = 1.0
 
     def visibility_timeout_s(self) -> int:
         if self.farm_visibility_timeout_s is not None:

@@ -99,16 +99,19 @@ def create_app(
     enqueue: Enqueue | None = None,
     database: Database | None = None,
     blob_store: BlobStore | None = None,
-    resolve_cache_s: float = 1.0,
+    resolve_cache_s: float | None = None,
 ) -> FastAPI:
     """An API app.
 
     ``enqueue(job_id)`` sends the trace task (default: Celery, via
     ``workers.tasks.enqueue_trace``). ``database`` and ``blob_store`` default
     to the ones the settings name. ``resolve_cache_s`` is how stale a
-    version's artifact list may be on the resolve path (0 turns the cache off).
+    version's artifact list may be on the resolve path (0 turns the cache off;
+    default: FARM_RESOLVE_CACHE_S, 1 s).
     """
     settings = settings or get_settings()
+    if resolve_cache_s is None:
+        resolve_cache_s = settings.farm_resolve_cache_s
     db = database or Database(settings.resolved_database_url())
     store = blob_store or _open_store(settings)
     state = AppState(
