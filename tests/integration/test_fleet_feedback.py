@@ -11,6 +11,10 @@ build-on-miss policy, exactly one build runs, and the next node start hits;
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,9 @@ from sqlalchemy import select
 
 from registry import models as m
 from registry import service
+from tests.fixtures.farm import Farm
 from tests.integration.test_api import CPU, CPU_512, Api, _api, make_artifact
+from tests.slowdown import scaled
 
 pytestmark = pytest.mark.integration
 
@@ -220,3 +226,152 @@ def test_plan_for_a_new_target_lists_what_the_fleet_uses(api: Api) -> None:
     views = [service.job_view(api.db, j) for j in api.enqueued]
     assert {v["builds"][0]["target"] for v in views} == {str(CPU_512)}
     assert api.get("/v1/plan", params={"target": "nonsense"}).status_code == 422
+
+
+# --- end to end, on the real farm ------------------------------------------------
+
+NAME = "ff-mlp"
+NEW_SHAPE = "float32[16,64]"
+
+# A fleet node's start, as on a fleet: a fresh process, the README's call, then
+# its reports sent (a node that lives on sends them within FARM_REPORT_INTERVAL_S).
+NODE = """
+import json, torch
+from farm.node import compiled
+from farm.node.compiled import default_client
+from farm.zoo.basic import mlp
+
+torch.manual_seed(0)
+model = mlp()
+fast = compiled(model, model="ff-mlp", ref="1", example_inputs=[{shape!r}])
+out = {{"source": fast.source, "reason": fast.reason}}
+if fast.source == "farm":
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        out["max_diff"] = float((fast(x) - model(x)).abs().max())
+rep = default_client().reporter
+out["flushed"] = rep.flush(120)
+out["sent"], out["dropped"] = rep.sent, rep.dropped
+print(json.dumps(out))
+"""
+
+
+def _cli(env: dict[str, str], *argv: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run([sys.executable, "-m", "farm.app.cli", *argv], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=scaled(900))
+    if ok:
+        assert r.returncode == 0, (argv, r.stdout, r.stderr)
+    return r
+
+
+def _start_node(env: dict[str, str], shape: str = NEW_SHAPE) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", NODE.format(shape=shape)], env=env,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _node_result(p: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = p.communicate(timeout=scaled(600))
+    assert p.returncode == 0, err[-4000:]
+    return dict(json.loads(out.strip().splitlines()[-1]), log=err)
+
+
+def _wait(check: Any, what: str, timeout: float) -> Any:
+    deadline = time.monotonic() + scaled(timeout)
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1.0)
+
+
+@pytest.fixture(scope="module")
+def fleet(farm: Farm) -> dict[str, str]:
+    """ff-mlp@1 built for float32[8,64] (backend eager: the loop, not Inductor,
+    is under test) with the CLI; returns a node's environment."""
+    env = {**farm.env, "FARM_REPORT_INTERVAL_S": "0.5"}
+    _cli(env, "submit", "farm.zoo.basic:mlp", "--name", NAME, "--version", "1",
+         "--input", "float32[8,64]", "--target", "cpu", "--backend", "eager", "--wait")
+    return env
+
+
+def _jobs(farm: Farm) -> list[dict[str, Any]]:
+    with farm.http() as h:
+        return list(h.get("/v1/jobs", params={"model": NAME, "limit": 50}).json()["jobs"])
+
+
+def test_two_nodes_miss_a_new_shape_one_build_runs_and_the_next_start_hits(
+        farm: Farm, fleet: dict[str, str]) -> None:
+    env = fleet
+    assert "build on miss off" in _cli(env, "policy", "show", NAME).stdout
+    out = _cli(env, "policy", "set", NAME, "--build-on-miss").stdout
+    assert "build on miss on" in out, out
+    before = {j["id"] for j in _jobs(farm)}
+
+    # Two nodes start at once and miss the shape no artifact has.
+    nodes = [_start_node(env), _start_node(env)]
+    results = [_node_result(p) for p in nodes]
+    for r in results:
+        assert r["source"] == "jit", r
+        assert r["flushed"] and r["sent"] >= 1 and r["dropped"] == 0, r
+
+    # Both misses are stored (reading them waits for build on miss to see them).
+    def both_stored() -> bool:
+        with farm.http() as h:
+            rows = h.get("/v1/misses", params={"model": NAME}).json()["misses"]
+        return any(x["inputs"] == NEW_SHAPE and x["kind"] == "miss" and x["count"] >= 2
+                   for x in rows)
+    _wait(both_stored, "both nodes' misses", 60)
+
+    new_jobs = [j for j in _jobs(farm) if j["id"] not in before]
+    assert len(new_jobs) == 1, new_jobs  # exactly one build for the herd
+    job = farm.wait_job(new_jobs[0]["id"], timeout=scaled(600))
+    assert job["state"] == "succeeded", job
+    assert job["submitted_by"] == "build-on-miss"
+    assert job["spec"]["inputs"] == [NEW_SHAPE]
+    assert job["spec"]["options"]["backend"] == "eager"  # the version's own options
+    assert len(job["builds"]) == 1
+    # Still one, now that it is built (no later report started another).
+    assert [j["id"] for j in _jobs(farm) if j["id"] not in before] == [job["id"]]
+
+    # The next node start hits.
+    hit = _node_result(_start_node(env))
+    assert hit["source"] == "farm", hit
+    assert hit["max_diff"] < 1e-4, hit
+
+    misses = _cli(env, "misses", NAME).stdout
+    assert NEW_SHAPE in misses and "miss" in misses, misses
+    status = _cli(env, "status", NAME).stdout
+    assert "build on miss: on" in status and "built on miss" in status, status
+    assert "load 1" in status and "miss 2" in status, status
+    cov = _cli(env, "coverage", f"{NAME}@1").stdout
+    assert f"{NEW_SHAPE} (inference)" in cov and "float32[8,64] (inference)" in cov, cov
+    assert "NOT COVERED" not in cov, cov  # what the nodes lacked is built now
+    with farm.http() as h:
+        metrics = h.get("/metrics").text
+    assert any(line.startswith("farm_node_reports_total{") and f'model="{NAME}"' in line
+               and 'kind="miss"' in line and line.endswith(" 2.0")
+               for line in metrics.splitlines()), metrics[-3000:]
+
+
+def test_plan_for_a_new_target_lists_the_builds_the_nodes_need(
+        farm: Farm, fleet: dict[str, str]) -> None:
+    env = fleet
+    # What nodes use: the shape a node just loaded (its report), and prod's builds.
+    _node_result(_start_node(env, "float32[8,64]"))
+    _cli(env, "alias", "set", NAME, "prod", "1")
+    live = json.loads(_cli(env, "targets", "--json").stdout)
+    target = next(str(t["target"] if isinstance(t, dict) else t) for t in
+                  (live.get("targets", live) if isinstance(live, dict) else live))
+    new_torch = "/".join("torch=9.9.0+cpu" if p.startswith("torch=") else p
+                         for p in target.split("/"))
+
+    out = _cli(env, "plan", "--target", new_torch).stdout
+    assert f"{NAME}@1 float32[8,64] (inference)" in out, out
+    assert "alias prod" in out and "reports" in out, out
+    body = json.loads(_cli(env, "plan", "--target", new_torch, "--json").stdout)
+    mine = {(b["inputs"][0], b["target"]) for b in body["builds"] if b["model"] == NAME}
+    assert ("float32[8,64]", new_torch) in mine, body
+    # On the live target, every build the nodes use exists already.
+    assert not [b for b in json.loads(_cli(env, "plan", "--target", target, "--json").stdout)[
+        "builds"] if b["model"] == NAME]
