@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from farm.app import agent_commands, fleet_commands
 from farm.app import commands as cmd
-from farm.app import fleet_commands
 from farm.app.console import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -256,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd.cmd_models)
 
     fleet_commands.add_parsers(sub, add_json=_add_json, model_ref=parse_model_ref)
+    agent_commands.add_parsers(sub)
 
     p = sub.add_parser("targets", help="targets with live compile workers")
     _add_json(p)

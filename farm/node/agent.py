@@ -1,0 +1,616 @@
+"""The node agent: a process that has already imported what loading a training
+artifact needs (torch, Dynamo, Inductor, AOTAutograd, Triton when installed,
+the farm's loader) and forks a child per ``farm run -- python SCRIPT`` (issue 15:
+those imports were about 4.4 s of a training node's first result on the H200).
+
+    farm agent [--socket PATH]        # one per node, or one per GPU (its own socket)
+    farm run -- python train.py ...   # farm.node.run, the client
+
+It never initializes CUDA and holds one Python thread when it forks (both
+checked before each fork: the request is refused otherwise, and ``farm run``
+then runs the command itself). It serves only its own uid (SO_PEERCRED) on a
+socket of mode 0600.
+
+The child is set up to look like a fresh ``python SCRIPT``: the client's
+stdin/stdout/stderr, environment, working directory, sys.argv and sys.path, a
+new session (its own process group: the client forwards its signals to it),
+default signal handlers, a fresh seed for ``random``, numpy's global generator
+and torch's CPU generator, and Python's own exit path (non-daemon threads
+joined, atexit handlers run, uncaught KeyboardInterrupt ends it by SIGINT).
+What it shares with the agent, unlike a fresh process: the imported modules
+and their import-time state (torch's configs read their environment variables
+when imported, so a request whose import-time variables differ from the
+agent's is refused: see ``IMPORT_TIME_ENV``), the str hash seed
+(PYTHONHASHSEED), warnings already shown once, and the interpreter's flags.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import io
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from farm.node.run import HEADER, MAX_REQUEST, default_socket, read_messages, send_message
+
+# What loading an aot_compile artifact imports (python -X importtime of
+# farm.node.loader.load_artifact on one), and the farm's node modules.
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "torch._inductor",
+    "torch._inductor.compile_fx",
+    "torch._inductor.codecache",
+    "torch._inductor.codegen.memory_planning",
+    "torch._inductor.hooks",
+    "torch._functorch.aot_autograd",
+    "torch._dynamo.aot_compile",
+    "torch.utils.cpp_extension",
+    "torch.compiler",
+    "triton",
+    "farm.node",
+    "farm.node.loader",
+    "farm.node.compiled",
+    "farm.node.client",
+    "farm.node.training",
+)
+
+# Environment variables read when a module is imported (torch's, Inductor's,
+# Triton's configs; the OpenMP/BLAS runtimes; the interpreter): a child cannot
+# take another value from its request, so one that differs is refused.
+IMPORT_TIME_ENV = ("TORCH", "PYTORCH", "TRITON", "INDUCTOR", "MKL_", "KMP_", "OPENBLAS_",
+                   "GOMP_", "OMP_", "LD_", "PYTHON", "MALLOC_")
+# ...except these, read when used (cache dirs), or applied in the child.
+LAZY_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_HOME",
+                      "OMP_NUM_THREADS", "PYTHONPATH", "PYTHONUNBUFFERED",
+                      "PYTHONSTARTUP", "PYTHONBREAKPOINT"})
+
+
+class Refused(Exception):
+    """A request the agent will not run (the client runs it itself)."""
+
+
+@dataclass(frozen=True)
+class Command:
+    script: str | None  # the path as given, or None for -m
+    module: str | None
+    args: list[str]
+    unbuffered: bool
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"farm agent: {msg}\n")
+    sys.stderr.flush()
+
+
+def preload() -> dict[str, Any]:
+    t0 = time.perf_counter()
+    skipped = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:  # triton on a CPU node, a module this torch lacks
+            skipped.append(f"{name} ({exc})")
+    return {"preload_s": time.perf_counter() - t0, "skipped": skipped}
+
+
+def native_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return -1
+
+
+def fork_state() -> dict[str, Any]:
+    import torch
+
+    return {"threads": threading.active_count(), "native_threads": native_threads(),
+            "cuda_initialized": bool(torch.cuda.is_initialized())}
+
+
+def check_forkable(state: dict[str, Any]) -> None:
+    # A fork copies only the calling thread: a lock another thread holds stays
+    # held in the child forever; and a CUDA context does not survive a fork.
+    if state["threads"] != 1:
+        names = ", ".join(t.name for t in threading.enumerate())
+        raise Refused(f"the agent has {state['threads']} threads ({names}); it forks only "
+                      "with one: restart it")
+    if state["cuda_initialized"]:
+        raise Refused("CUDA is initialized in the agent; a forked child could not use it: "
+                      "restart it")
+
+
+def same_interpreter(exe: str, env: dict[str, str], cwd: str) -> bool:
+    found = exe if "/" in exe else shutil.which(exe, path=env.get("PATH", os.defpath))
+    if not found:
+        return False
+    cand = os.path.abspath(os.path.join(cwd, found))
+    mine = os.path.abspath(sys.executable)
+    # python and python3 of one venv: the same binary, the same prefix.
+    return cand == mine or (os.path.dirname(cand) == os.path.dirname(mine)
+                            and os.path.realpath(cand) == os.path.realpath(mine))
+
+
+def parse_command(argv: list[str], env: dict[str, str], cwd: str) -> Command:
+    if not argv or not same_interpreter(argv[0], env, cwd):
+        raise Refused(f"{argv[0] if argv else '(nothing)'} is not this agent's interpreter "
+                      f"({sys.executable})")
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    rest = argv[1:]
+    while rest and rest[0].startswith("-") and rest[0] != "-":
+        opt = rest.pop(0)
+        if opt == "-u":
+            unbuffered = True
+        elif opt == "-m" and rest:
+            return Command(None, rest[0], rest[1:], unbuffered)
+        elif opt.startswith("-m") and len(opt) > 2:
+            return Command(None, opt[2:], rest, unbuffered)
+        else:
+            raise Refused(f"python option {opt} is not supported under the agent")
+    if not rest or rest[0] == "-":
+        raise Refused("no script (an interactive or stdin session is not supported)")
+    path = os.path.join(cwd, rest[0])
+    if not os.path.isfile(path):
+        raise Refused(f"no script file {rest[0]} in {cwd}")
+    return Command(rest[0], None, rest[1:], unbuffered)
+
+
+def check_env(env: dict[str, str], base: dict[str, str]) -> None:
+    differ = sorted(k for k in set(env) | set(base)
+                    if k.startswith(IMPORT_TIME_ENV) and k not in LAZY_ENV
+                    and env.get(k) != base.get(k))
+    if differ:
+        raise Refused(f"{', '.join(differ[:5])} differ from the agent's, and torch read them "
+                      "when the agent imported it: start an agent with them")
+
+
+# --- the child --------------------------------------------------------------------
+
+
+def _streams(unbuffered: bool) -> None:
+    # As the interpreter sets them up at start: stdout line-buffered on a tty,
+    # stderr always; -u / PYTHONUNBUFFERED: write-through binary layers.
+    def text(fd: int, mode: str, *, line: bool, errors: str = "strict") -> io.TextIOWrapper:
+        raw = io.FileIO(fd, mode, closefd=False)
+        buffered: Any = raw
+        if not (unbuffered and mode == "wb"):
+            buffered = io.BufferedReader(raw) if mode == "rb" else io.BufferedWriter(raw)
+        return io.TextIOWrapper(buffered, encoding=sys.stdout.encoding, errors=errors,
+                                line_buffering=line, write_through=unbuffered)
+
+    sys.stdin = text(0, "rb", line=False)
+    sys.stdout = text(1, "wb", line=os.isatty(1))
+    sys.stderr = text(2, "wb", line=True, errors="backslashreplace")
+    # The originals too (code that restores sys.stdout from them).
+    for name in ("stdin", "stdout", "stderr"):
+        setattr(sys, f"__{name}__", getattr(sys, name))
+
+
+def _reseed() -> None:
+    # A forked child would draw the agent's numbers; a fresh process seeds
+    # these from the OS. CUDA's generators are made at CUDA's init, in the child.
+    import random
+
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()
+
+
+def _fresh_logging() -> None:
+    # `farm agent` ran logging.basicConfig (the CLI does); a fresh interpreter's
+    # root logger has no handler and level WARNING. torch's own loggers are
+    # as its import left them, in a fresh process too.
+    import logging
+
+    logging.root.handlers.clear()
+    logging.root.setLevel(logging.WARNING)
+
+
+def _signals() -> None:
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_DFL)
+    # The interpreter's own choices at start.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _sys_path(cmd: Command, env: dict[str, str], cwd: str, base_path: list[str]) -> list[str]:
+    first = (os.path.dirname(os.path.realpath(os.path.join(cwd, cmd.script)))
+             if cmd.script is not None else cwd)
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return [first, *[os.path.join(cwd, p) for p in extra], *base_path]
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def child_main(cmd: Command, req: dict[str, Any], fds: list[int], close: list[int],
+               base_path: list[str]) -> NoReturn:
+    code = 1
+    interrupted = False
+    try:
+        os.setsid()
+        for fd in close:
+            os.close(fd)
+        for target, fd in enumerate(fds[:3]):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        _signals()
+        env = dict(req["env"])
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(env)
+        _streams(cmd.unbuffered)
+        sys.path[:] = _sys_path(cmd, env, req["cwd"], base_path)
+        _reseed()
+        _fresh_logging()
+        if env.get("OMP_NUM_THREADS", "").isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
+            import torch  # OpenMP read the variable when the agent loaded it
+
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        try:
+            if cmd.module is not None:
+                sys.argv = ["-m", *cmd.args]
+                import runpy
+
+                runpy._run_module_as_main(cmd.module, alter_argv=True)  # type: ignore[attr-defined]
+            else:
+                assert cmd.script is not None
+                sys.argv = [cmd.script, *cmd.args]
+                _run_script(cmd.script)
+            code = 0
+        except SystemExit as exc:
+            code = _exit_code(exc)
+        except KeyboardInterrupt:
+            _print_exception(cmd.script)
+            interrupted = True
+            code = 128 + signal.SIGINT
+        except BaseException:
+            _print_exception(cmd.script)
+            code = 1
+        # The interpreter's exit: join non-daemon threads, then atexit.
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                code = 120
+        if interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # the setup itself failed: say so on whatever stderr is
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        finally:
+            os._exit(1)
+    os._exit(code)
+
+
+def _run_script(script: str) -> None:
+    # As `python SCRIPT`: a __main__ module that stays in sys.modules (pickle,
+    # atexit handlers and threads that outlive the script's last line see it).
+    path = os.path.abspath(script)
+    with io.open_code(path) as f:
+        source = f.read()
+    main = types.ModuleType("__main__")
+    # Python 3.9+: the main script's __file__ and code filename are absolute.
+    main.__dict__.update({"__file__": path, "__cached__": None, "__builtins__": __builtins__,
+                          "__spec__": None, "__loader__": None, "__package__": None})
+    sys.modules["__main__"] = main
+    exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
+
+
+def _print_exception(script: str | None) -> None:
+    etype, value, tb = sys.exc_info()
+    # Leave out the agent's own frames, as a fresh process's traceback would.
+    skip = tb
+    while skip is not None and skip.tb_frame.f_code.co_filename == __file__:
+        skip = skip.tb_next
+    if value is not None:
+        value = value.with_traceback(skip or tb)
+    sys.excepthook(etype, value, skip or tb)  # type: ignore[arg-type]
+
+
+# --- the agent --------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    pid: int
+    conn: socket.socket | None
+    buf: bytearray = field(default_factory=bytearray)
+
+
+class Agent:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.env = dict(os.environ)
+        self.base_path = self._base_path()
+        self.children: dict[int, Child] = {}
+        self.by_conn: dict[int, Child] = {}
+        self.stopping = False
+        self.sel = selectors.DefaultSelector()
+        self.started = time.time()
+
+    def _base_path(self) -> list[str]:
+        # The agent's sys.path less its own first entry and PYTHONPATH's.
+        own = {os.path.abspath(p) for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p}
+        return [p for p in sys.path[1:] if os.path.abspath(p) not in own]
+
+    def listen(self) -> socket.socket:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.path.exists():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(self.path))
+                raise SystemExit(f"farm agent: another agent listens at {self.path}")
+            except (ConnectionRefusedError, FileNotFoundError):
+                self.path.unlink(missing_ok=True)  # a dead agent's socket
+            finally:
+                probe.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # 0600 from the start, no window for another uid
+        try:
+            sock.bind(str(self.path))
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        sock.listen(64)
+        sock.setblocking(False)
+        return sock
+
+    def serve(self, listener: socket.socket, *, ready: dict[str, Any]) -> int:
+        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+
+        def stop(_signum: int, _frame: Any) -> None:
+            self.stopping = True
+
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        self.sel.register(listener, selectors.EVENT_READ, "listen")
+        self.sel.register(rfd, selectors.EVENT_READ, "wakeup")
+        self.listener: socket.socket | None = listener
+        self.wakeup = (rfd, wfd)
+        log(f"listening at {self.path} (pid {os.getpid()}): " + json.dumps(ready))
+        while True:
+            if self.stopping and self.listener is not None:
+                # Finish the running children; take no new ones.
+                self.sel.unregister(self.listener)
+                self.listener.close()
+                self.listener = None
+                self.path.unlink(missing_ok=True)
+                log("stopping: no new runs")
+            if self.stopping and not self.children:
+                return 0
+            for key, _ in self.sel.select(timeout=1.0):
+                if key.data == "listen":
+                    self._accept()
+                elif key.data == "wakeup":
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(rfd, 512)
+                else:
+                    self._from_client(key.data)
+            self._reap()
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        try:
+            conn, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        try:
+            conn.settimeout(10)  # a slow client holds the agent only this long
+            self._handle(conn)
+        except Refused as exc:
+            self._answer_and_close(conn, {"refused": str(exc)})
+        except (OSError, ValueError) as exc:
+            log(f"a request failed: {exc}")
+            conn.close()
+
+    def _answer_and_close(self, conn: socket.socket, msg: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            send_message(conn, msg)
+        conn.close()
+
+    def _handle(self, conn: socket.socket) -> None:
+        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        head = b""
+        fds: list[int] = []
+        while len(head) < HEADER.size:
+            data, more, _flags, _addr = socket.recv_fds(conn, HEADER.size - len(head), 3)
+            if not data:
+                raise ValueError("the client closed before its request")
+            head += data
+            fds += more
+        try:
+            (size,) = HEADER.unpack(head)
+            if size > MAX_REQUEST:
+                raise Refused(f"request of {size} bytes is too large")
+            body = b""
+            while len(body) < size:
+                chunk = conn.recv(size - len(body))
+                if not chunk:
+                    raise ValueError("the client closed mid-request")
+                body += chunk
+            # Checked once the request is read: a refusal the client can read
+            # (closing on an unread request would reset its connection).
+            check_peer(uid)
+            req = json.loads(body)
+            if req.get("op") == "status":
+                self._answer_and_close(conn, {**fork_state(), "pid": os.getpid(),
+                                              "uptime_s": time.time() - self.started,
+                                              "running": len(self.children)})
+                return
+            if len(fds) != 3:
+                raise Refused(f"expected the client's stdin, stdout and stderr, got {len(fds)} fds")
+            cmd = parse_command(list(req["argv"]), dict(req["env"]), str(req["cwd"]))
+            check_env(dict(req["env"]), self.env)
+            state = fork_state()
+            check_forkable(state)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            child = os.fork()
+            if child == 0:
+                close = [conn.fileno(), self.wakeup[0], self.wakeup[1], self.sel.fileno(),
+                         *(c.conn.fileno() for c in self.children.values() if c.conn)]
+                if self.listener is not None:
+                    close.append(self.listener.fileno())
+                child_main(cmd, req, fds, close, self.base_path)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        conn.settimeout(None)
+        conn.setblocking(False)
+        entry = Child(child, conn)
+        self.children[child] = entry
+        self.by_conn[conn.fileno()] = entry
+        self.sel.register(conn, selectors.EVENT_READ, entry)
+        conn.setblocking(True)
+        send_message(conn, {"started": child, "peer_pid": pid, **state})
+        conn.setblocking(False)
+
+    def _from_client(self, entry: Child) -> None:
+        assert entry.conn is not None
+        try:
+            data = entry.conn.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            # The client is gone: as a terminal's hangup would.
+            self._drop_conn(entry)
+            self._signal(entry, signal.SIGHUP)
+            return
+        for msg in read_messages(entry.buf, data):
+            if "signal" in msg:
+                self._signal(entry, int(msg["signal"]))
+
+    def _signal(self, entry: Child, signum: int) -> None:
+        if entry.pid in self.children:  # not reaped: the pid is still the child's
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(entry.pid, signum)
+
+    def _drop_conn(self, entry: Child) -> None:
+        if entry.conn is not None:
+            self.sel.unregister(entry.conn)
+            self.by_conn.pop(entry.conn.fileno(), None)
+            entry.conn.close()
+            entry.conn = None
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            entry = self.children.pop(pid, None)
+            if entry is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            msg = {"signal": -code} if code < 0 else {"exit": code}
+            if entry.conn is not None:
+                conn = entry.conn
+                self._drop_conn_keep_open(entry)
+                conn.setblocking(True)
+                self._answer_and_close(conn, msg)
+
+    def _drop_conn_keep_open(self, entry: Child) -> None:
+        assert entry.conn is not None
+        self.sel.unregister(entry.conn)
+        self.by_conn.pop(entry.conn.fileno(), None)
+        entry.conn = None
+
+
+def check_peer(uid: int) -> None:
+    if uid != os.getuid():
+        raise Refused(f"uid {uid} is not the agent's ({os.getuid()}); run your own agent")
+
+
+def request_status(path: Path) -> dict[str, Any]:
+    """The agent's state (threads, CUDA) without running anything."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        body = json.dumps({"op": "status"}).encode()
+        sock.sendall(HEADER.pack(len(body)) + body)
+        buf = bytearray()
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("the agent closed without a status")
+            msgs = read_messages(buf, data)
+            if msgs:
+                return msgs[0]
+    finally:
+        sock.close()
+
+
+def main(argv: list[str] | None = None, *, socket_path: Path | None = None) -> int:
+    if argv is not None:
+        import argparse
+
+        ap = argparse.ArgumentParser(prog="farm agent", description=__doc__.split("\n\n")[0])
+        ap.add_argument("--socket", type=Path, default=None)
+        socket_path = ap.parse_args(argv).socket
+    path = socket_path or default_socket()
+    t0 = time.time()
+    info = preload()
+    agent = Agent(path)
+    listener = agent.listen()
+    state = fork_state()
+    ready = {"start_s": round(time.time() - t0, 3), "preload_s": round(info["preload_s"], 3),
+             "skipped": info["skipped"], **state}
+    try:
+        check_forkable(state)
+    except Refused as exc:
+        log(f"cannot serve: {exc}")
+        listener.close()
+        path.unlink(missing_ok=True)
+        return 1
+    return agent.serve(listener, ready=ready)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
