@@ -942,7 +942,11 @@ class FarmClient:
                              trust_unverified=verified is None,
                              disable_guard_check=bool(
                                  (artifact.get("options") or {}).get("disable_guard_check")),
-                             external_data=external_data)
+                             external_data=external_data,
+                             # The farm's own weight check (a fake-weight build has
+                             # no guards on the weights): farm.node.weight_check.
+                             weights_manifest=(artifact.get("meta") or {}).get(
+                                 "weights_manifest"))
 
 
 def _retry_after(r: httpx.Response, default: float) -> float:
