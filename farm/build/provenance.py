@@ -119,6 +119,11 @@ def build_statement(
         "toolchain": toolchain,
         "built_at": built_at,
         "verification": _json_safe(dict(verification or {})),
+        # Signed with the rest: a node checks its module's weights against it
+        # (farm.node.weight_check), and a fake-weight build has no guards on
+        # them, so a manifest changed in transit must not pass.
+        **({"weights_manifest": _json_safe(meta["weights_manifest"])}
+           if meta.get("weights_manifest") else {}),
     })
 
 

@@ -111,8 +111,9 @@ def load_artifact(
     (``farm.node.weight_check.WeightsMismatch`` names the first difference).
     """
     from farm.node import verify
-    from farm.node.weight_check import check_weights
+    from farm.node.weight_check import MANIFEST_KEY, check_weights
 
+    signed: Any = None
     if attestation is not None:
         if not isinstance(attestation, verify.Verified):
             raise ArtifactLoadError("attestation must be the Verified that fetch_verified returned")
@@ -121,13 +122,19 @@ def load_artifact(
             raise verify.AttestationRefused(
                 f"asked to load it as {format}, it was attested as {attestation.format}",
                 field="format")
+        signed = attestation
     elif trust_unverified:
         log.warning("loading %s without checking an attestation (trust_unverified=True)", path)
     else:
         verified = verify_local_file(path, root_key=root_key, formats=(format,))
+        signed = verified
         log.info("%s: attested build %s of %s@%s (builder key %s)", path,
                  verified.build_key[:12], verified.model, verified.version,
                  verified.builder_keyid[:16])
+    if signed is not None and (signed.build or {}).get(MANIFEST_KEY) is not None:
+        # The builder signed the manifest with the build statement: that one,
+        # not what the farm's answer (unsigned meta) says.
+        weights_manifest = signed.build[MANIFEST_KEY]
     check_weights(module, weights_manifest)
     if format == FORMAT_AOT_COMPILE:
         return _load_aot_compile(Path(path), module, disable_guard_check=disable_guard_check,

@@ -3,15 +3,18 @@ small modules; and the guard filter of fake-weight builds, on guard-shaped recor
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 from farm.build.fake_weights import is_weight_guard
-from farm.core.specs import CompileOptions, SpecError
+from farm.core.specs import CompileOptions, GradMode, JobSpec, SpecError
 from farm.node.weight_check import (
+    MANIFEST_KEY,
     WeightsMismatch,
     check_weights,
     manifest_mismatch,
@@ -117,3 +120,47 @@ def test_weights_option_enters_the_options_text_only_when_set() -> None:
     assert CompileOptions.from_json(fake.to_json()) == fake
     with pytest.raises(SpecError, match="unknown weights 'real'"):
         CompileOptions.from_json({"weights": "real"})
+
+
+def _verified(path: Path, manifest: list[dict[str, Any]] | None) -> Any:
+    from farm.core.digests import sha256_file
+    from farm.core.target import detect_local_target
+    from farm.node.verify import NodeRequest, Verified
+
+    request = NodeRequest(model="m", ref=None, inputs=(), grad_mode=GradMode.INFERENCE,
+                          target=detect_local_target("cpu", check_compiler=False))
+    return Verified(digest=sha256_file(path), size=path.stat().st_size, format="aot_compile",
+                    build_key="0" * 64, model="m", version="1", alias=None, alias_issued_at=None,
+                    builder_keyid="k", trust_list_version=1, request=request,
+                    build={} if manifest is None else {MANIFEST_KEY: manifest})
+
+
+def test_the_signed_manifest_wins_over_the_farms_unsigned_answer(tmp_path: Path) -> None:
+    from farm.node.loader import load_artifact
+
+    blob = tmp_path / "a.bin"
+    blob.write_bytes(b"never unpickled: the check refuses first")
+    signed = weights_manifest(Net(hidden=128))
+    # The answer's meta claims the node's own shapes; the build statement says 128.
+    with pytest.raises(WeightsMismatch, match=r"shape \[64,32\], artifact built for \[128,32\]"):
+        load_artifact(blob, "aot_compile", module=Net(hidden=64),
+                      attestation=_verified(blob, signed),
+                      weights_manifest=weights_manifest(Net(hidden=64)))
+
+
+def test_the_build_statement_carries_the_manifest_only_when_there_is_one() -> None:
+    from farm.build.provenance import build_statement
+    from farm.core.target import detect_local_target
+
+    spec = JobSpec.from_json({"name": "m", "version": "1",
+                              "model": {"entrypoint": "farm.zoo.basic:mlp"},
+                              "inputs": ["float32[4,64]"]})
+    common = {"digest": "a" * 64, "size": 1, "fmt": "aot_compile", "build_key": "b" * 64,
+              "fingerprint": "c" * 64, "spec": spec,
+              "target": detect_local_target("cpu", check_compiler=False),
+              "builder_id": "w", "builder_keyid": "k", "built_at": "2026-12-01T00:00:00Z"}
+    manifest = weights_manifest(Net())
+    with_it = build_statement(**common, meta={MANIFEST_KEY: manifest})
+    without = build_statement(**common, meta={})
+    assert with_it["predicate"][MANIFEST_KEY] == manifest
+    assert MANIFEST_KEY not in without["predicate"]
