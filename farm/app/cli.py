@@ -34,6 +34,7 @@ from farm.core.specs import (
     BACKENDS,
     COMPILE_MODES,
     GUARD_FILTERS,
+    WEIGHT_MODES,
     SpecError,
     TensorSpec,
 )
@@ -190,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="regional compilation: each repeated block (a transformer layer) is "
                         "compiled once as a nested compile region and stamped for every layer "
                         "(recorded on the artifact and in its build key)")
+    p.add_argument("--weights", choices=WEIGHT_MODES, default="auto",
+                   help="how the build makes the weights: empty (to_empty on the build device), "
+                        "fake (FakeTensors: no memory for them, the node checks its module "
+                        "against the weights manifest), auto (default: fake for a CUDA build "
+                        "whose weights do not fit the build GPU, else empty)")
     p.add_argument("--train", action="store_true", help="build for training (grad enabled)")
     p.add_argument("--loss", metavar="MODULE:FN", default=None,
                    help="a training step: compile loss(model(*inputs), *targets) with its "

@@ -117,7 +117,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             options=CompileOptions(mode=args.mode, backend=args.backend,
                                    guard_filter=args.guard_filter,
                                    disable_guard_check=args.disable_guard_check,
-                                   regional=args.regional),
+                                   regional=args.regional, weights=args.weights),
             targets=tuple(args.targets),
         )
     except SpecError as exc:
