@@ -390,6 +390,10 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
                                    disable_guard_check=spec.options.disable_guard_check,
                                    external_data=external_objects(spec.model, model),
                                    weights_manifest=payload.get("weights_manifest"))
+                if layout is not None:
+                    from farm.core.parallel import bind_mesh
+
+                    bind_mesh(build_mesh())  # what a node's FarmClient.load(mesh=) does
             report.load_s = round(time.perf_counter() - t0, 4)
             t0 = time.perf_counter()
             with watch.phase() as first_events:

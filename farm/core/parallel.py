@@ -126,3 +126,29 @@ def fake_group(layout: ParallelLayout | None, device_type: str) -> Iterator[Any]
     finally:
         _BUILD_MESH = None
         dist.destroy_process_group()
+
+
+def bind_mesh(mesh: Any) -> int:
+    """Give a loaded Inductor artifact built under ``compile_on_one_rank`` this
+    process's mesh; returns how many references it set.
+
+    torch 2.13 keeps the mesh such a graph asks for its process group
+    (``_dtensor.mesh_get_process_group(_opaque_obj0, 0)``) as a module-level
+    global of the generated code, which a saved artifact reloads as
+    ``_opaque_obj0 = None`` (the mesh sits in ``torchbind_constants``, which
+    loading never re-attaches): the first call then fails with
+    "'NoneType' object has no attribute 'get_group'". A tensor-parallel node
+    has one mesh, so every such unset reference is it. Also registers
+    ``device_mesh::_runtime_compute_coordinate_on_dim``, which a
+    rank-dependent graph calls and nothing else on the node imports.
+    """
+    import torch.distributed._ops.device_mesh  # noqa: F401  (registers the op)
+    from torch._inductor.codecache import PyCodeCache
+
+    bound = 0
+    for module in list(PyCodeCache.modules):
+        for name, value in list(vars(module).items()):
+            if name.startswith("_opaque_obj") and value is None:
+                setattr(module, name, mesh)
+                bound += 1
+    return bound

@@ -930,23 +930,31 @@ class FarmClient:
                            request=verified.request, farm_url=self.url)
 
     def load(self, resolved: Mapping[str, Any], *, module: Any = None,
-             external_data: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+             external_data: Mapping[str, Any] | None = None,
+             mesh: Any = None) -> Callable[..., Any]:
         """Fetch and verify (see ``fetch_verified``), then load the artifact.
         ``external_data``: this node's objects for a function artifact that
-        captures them, by the names its job declared."""
+        captures them, by the names its job declared. ``mesh``: this rank's
+        DeviceMesh, for a tensor-parallel artifact (options.parallel)."""
         from farm.node.loader import load_artifact
 
         artifact = resolved.get("artifact", resolved)
         path, verified = self.fetch_verified(resolved)
-        return load_artifact(path, artifact["format"], module=module, attestation=verified,
-                             trust_unverified=verified is None,
-                             disable_guard_check=bool(
-                                 (artifact.get("options") or {}).get("disable_guard_check")),
-                             external_data=external_data,
-                             # The farm's own weight check (a fake-weight build has
-                             # no guards on the weights): farm.node.weight_check.
-                             weights_manifest=(artifact.get("meta") or {}).get(
-                                 "weights_manifest"))
+        fn = load_artifact(path, artifact["format"], module=module, attestation=verified,
+                           trust_unverified=verified is None,
+                           disable_guard_check=bool(
+                               (artifact.get("options") or {}).get("disable_guard_check")),
+                           external_data=external_data,
+                           # The farm's own weight check (a fake-weight build has
+                           # no guards on the weights): farm.node.weight_check.
+                           weights_manifest=(artifact.get("meta") or {}).get(
+                               "weights_manifest"))
+        if mesh is not None:
+            from farm.core.parallel import bind_mesh
+
+            # An Inductor TP artifact reloads without its mesh (bind_mesh says why).
+            bind_mesh(mesh)
+        return fn
 
 
 def _retry_after(r: httpx.Response, default: float) -> float:

@@ -9,9 +9,11 @@ guide's training loop (Adam, loss = out.sum()) beside the uncompiled model;
 losses and gradients match on both ranks. A node stating another world size
 is refused, with the reason.
 
-Backend eager: on torch 2.13 CPU it is the backend whose compile_on_one_rank
-artifact loads on another rank (aot_eager fails to save it, Inductor's fails
-at load: bench/results/tp_compile_on_one_rank.json says what torch does).
+Backends eager and inductor. An Inductor artifact reloads without the mesh
+its graph asks for its process group (torch 2.13: "'NoneType' object has no
+attribute 'get_group'"); the node hands it its own (FarmClient.load(mesh=),
+farm.core.parallel.bind_mesh). aot_eager cannot save a compile_on_one_rank
+graph at all (bench/results/tp_compile_on_one_rank-*.json says what torch does).
 """
 
 from __future__ import annotations
@@ -35,15 +37,15 @@ LAYOUT = {"world_size": 2, "mesh_shape": [2], "mesh_dim_names": ["tp"],
 TOL = 1e-5
 
 
-def tp_job(name: str) -> dict[str, Any]:
+def tp_job(name: str, backend: str) -> dict[str, Any]:
     return {"name": name, "version": "1", "grad_mode": "training",
             "model": {"entrypoint": "tests.models.tp:feed_forward"},
-            "inputs": [INPUT], "options": {"backend": "eager", "parallel": LAYOUT},
+            "inputs": [INPUT], "options": {"backend": backend, "parallel": LAYOUT},
             "targets": ["cpu"]}
 
 
-def test_one_tp_artifact_trains_on_both_ranks(farm: Farm) -> None:
-    job = farm.wait_job(farm.submit(tp_job("tp-ff")))
+def build_once_train_on_both_ranks(farm: Farm, name: str, backend: str) -> None:
+    job = farm.wait_job(farm.submit(tp_job(name, backend)))
     assert job["state"] == "succeeded", json.dumps(job, indent=1)[:6000]
     (build,) = job["builds"]
     (art,) = build["artifacts"]  # one artifact for the two ranks (no AOTI: training)
@@ -54,7 +56,7 @@ def test_one_tp_artifact_trains_on_both_ranks(farm: Farm) -> None:
     assert meta["parallel"]["world_size"] == 2 and meta["parallel"]["mesh_shape"] == [2]
     assert meta["verify"]["ok"] is True
 
-    ranks = run_ranks(NODE, ["--model", "tp-ff", "--input", INPUT], world_size=2, env=farm.env)
+    ranks = run_ranks(NODE, ["--model", name, "--input", INPUT], world_size=2, env=farm.env)
     assert [r["rank"] for r in ranks] == [0, 1]
     for r in ranks:
         assert r["digest"] == art["digest"]
@@ -71,6 +73,9 @@ def test_one_tp_artifact_trains_on_both_ranks(farm: Farm) -> None:
         assert s0["loss"] == pytest.approx(s1["loss"], rel=1e-6)
         assert s0["grad_sum"] != s1["grad_sum"]
 
+
+def test_one_tp_artifact_trains_on_both_ranks(farm: Farm) -> None:
+    build_once_train_on_both_ranks(farm, "tp-ff", "eager")
     refused = run_ranks(NODE, ["--model", "tp-ff", "--input", INPUT, "--wrong-world-size", "4"],
                         world_size=2, env=farm.env)
     for r in refused:
@@ -78,3 +83,7 @@ def test_one_tp_artifact_trains_on_both_ranks(farm: Farm) -> None:
         assert any("built for world 2, mesh [tp:2], the node runs world 4, mesh [tp:4]" in x
                    for x in reasons), r
         assert {x["code"] for x in r["rejections"]} == {"layout"}
+
+
+def test_one_inductor_tp_artifact_trains_on_both_ranks(farm: Farm) -> None:
+    build_once_train_on_both_ranks(farm, "tp-ff-inductor", "inductor")

@@ -62,7 +62,7 @@ def main() -> None:
         return parallelize(feed_forward(), parallel, mesh)
 
     model, reference = build(), build()
-    fn = client.load(resolved, module=model)
+    fn = client.load(resolved, module=model, mesh=mesh)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     opt_ref = torch.optim.Adam(reference.parameters(), lr=1e-3)
     steps = []
