@@ -215,7 +215,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         out_dir = Path(tmp) / "out"
         # Before the sandbox: the child compiles in caches this worker filled
         # from the target's shared store; it never reaches the store itself.
-        cache = _shared_cache(target, Path(tmp))
+        cache = _shared_cache(target, Path(tmp), model=spec.name)
         _stage(db, build_key, "compiling")
         res = run_isolated(
             "farm.build.steps:compile_step",
@@ -330,7 +330,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                 )
 
 
-def _shared_cache(target: Target, build_dir: Path) -> CacheSession | None:
+def _shared_cache(target: Target, build_dir: Path, *, model: str) -> CacheSession | None:
     """The target's shared compile cache for this build, prefilled into
     ``build_dir`` (farm.build.compile_cache); None when it is off. Best
     effort: a cache that is down costs the build its speed-up, never the build."""
@@ -341,8 +341,11 @@ def _shared_cache(target: Target, build_dir: Path) -> CacheSession | None:
         if store is None:
             return None
         salt = cache_salt(context.database(), str(target))
-        cache = CacheSession(store, namespace(str(target), salt,
-                                              prefix=s.farm_compile_cache_prefix), build_dir)
+        # scope "model": builds share only with earlier builds of the same
+        # model name (docs/security.md: who can poison whose build).
+        scoped = model if s.farm_compile_cache_scope == "model" else None
+        ns = namespace(str(target), salt, prefix=s.farm_compile_cache_prefix, model=scoped)
+        cache = CacheSession(store, ns, build_dir)
         cache.prefill()
         return cache
     except Exception as exc:

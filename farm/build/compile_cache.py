@@ -54,10 +54,15 @@ DEFAULT_MAX_NAMESPACE_BYTES = 2 * 1024**3
 DEFAULT_TTL_S = 14 * 24 * 3600
 
 
-def namespace(target: str, salt: str, *, prefix: str = "farm:ccache") -> str:
-    """The store namespace of ``target``'s cache under ``salt``."""
+def namespace(target: str, salt: str, *, prefix: str = "farm:ccache",
+              model: str | None = None) -> str:
+    """The store namespace of ``target``'s cache under ``salt``; with
+    ``model`` (``FARM_COMPILE_CACHE_SCOPE=model``), that model's own part of it."""
     t = hashlib.sha256(target.encode()).hexdigest()[:16]
-    return f"{prefix}:{t}:{salt}"
+    ns = f"{prefix}:{t}:{salt}"
+    if model is not None:
+        ns += f":m{hashlib.sha256(model.encode()).hexdigest()[:16]}"
+    return ns
 
 
 def valid_entry(rel: str) -> bool:

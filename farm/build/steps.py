@@ -29,6 +29,13 @@ def compile_env(build_dir: str | Path) -> dict[str, str]:
     env = {
         "TORCHINDUCTOR_CACHE_DIR": str(Path(build_dir) / "inductor-cache"),
         "TRITON_CACHE_DIR": str(Path(build_dir) / "triton-cache"),
+        # No precompiled header for CPU kernels: torch keeps it under /tmp
+        # (default_cache_dir, whatever TORCHINDUCTOR_CACHE_DIR says), a fresh
+        # tmpfs in the sandbox, and builds it (150 MB, 30 s on 2 cores) before
+        # it can even compute a kernel's cache key: every build paid it, and a
+        # build whose kernels all come from the shared cache
+        # (farm.build.compile_cache) still did. bench/build_cost.py measures it.
+        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
     }
     cxx = current_compiler()
     if cxx is not None:

@@ -90,6 +90,9 @@ class Settings(BaseSettings):
     # entries.
     farm_compile_cache: str = "on"
     farm_compile_cache_prefix: str = "farm:ccache"
+    # "target": every build of a target shares; "model": only builds of the
+    # same model name do (a farm whose submitters do not trust each other).
+    farm_compile_cache_scope: str = "target"
     client_cache_dir: Path | None = None
     client_cache_max_bytes: int = 10 * 1024**3
     # Node reports (farm.node.reports): off with FARM_REPORTS=0; sent every

@@ -14,8 +14,9 @@ B = "cpu/python=3.11.7/torch=2.13.0+cpu/isa=avx2/threads=1"
 
 def test_namespaces_differ_by_target_salt_and_prefix() -> None:
     names = {namespace(A, "0"), namespace(B, "0"), namespace(A, "1"),
-             namespace(A, "0", prefix="other")}
-    assert len(names) == 4
+             namespace(A, "0", prefix="other"), namespace(A, "0", model="mlp"),
+             namespace(A, "0", model="mlp2")}
+    assert len(names) == 6
 
 
 def test_entry_names_from_the_store_cannot_leave_the_build_directory() -> None:
