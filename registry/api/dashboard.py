@@ -31,7 +31,8 @@ from starlette.concurrency import run_in_threadpool
 from farm.core.digests import InvalidDigest, validate_digest
 from registry import service
 from registry.auth import ANONYMOUS_ADMIN, AuthError, Principal, bearer_token
-from registry.service import trust
+from registry.service import coverage, trust
+from registry.service import reports as report_service
 
 from . import dashboard_format as fmt
 from .state import AppState
@@ -324,6 +325,64 @@ def artifact(request: Request, digest: Annotated[str, Path(max_length=64)]) -> R
         record = service.get_artifact(state.db, digest)
         return "artifact.html", {"artifact": fmt.artifact_row(record),
                                  "download": f"/v1/artifacts/{digest}/blob"}
+
+    return _page(request, build)
+
+
+# Periods a page of node reports can cover: (query value, label, seconds).
+PERIODS = (("1h", "last hour", 3600.0), ("24h", "last day", 86400.0),
+           ("7d", "last week", 7 * 86400.0), ("", "all time", None))
+
+
+def _period(since: str | None) -> tuple[str, float | None]:
+    for value, _label, seconds in PERIODS:
+        if value == (since or ""):
+            return value, seconds
+    known = ", ".join(v or "(empty: all time)" for v, _, _ in PERIODS)
+    raise service.InvalidRequest(f"unknown period {since!r}; known: {known}")
+
+
+def _flush_reports(state: AppState) -> None:
+    # Reports a node sent a moment ago are still in the API's batch: write
+    # them first, briefly, so the page shows what the fleet just said.
+    state.reports.flush(1.0)
+
+
+@router.get("/misses")
+def misses(request: Request,
+           model: Annotated[str | None, Query(max_length=128)] = None,
+           since: Annotated[str | None, Query(max_length=8)] = "24h",
+           limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100) -> Response:
+    """What the fleet did not get: misses, guard failures and JIT fallbacks
+    that nodes reported, grouped and counted, and the latest ones."""
+    def build(state: AppState, _: Principal) -> tuple[str, dict[str, Any]]:
+        period, since_s = _period(since)
+        if model:
+            service.list_aliases(state.db, model, history=False)  # an unknown model: 404
+        _flush_reports(state)
+        return "misses.html", {
+            "misses": report_service.miss_summary(state.db, model=model or None,
+                                                  since_s=since_s, limit=limit),
+            "recent": report_service.list_reports(state.db, model=model or None,
+                                                  since_s=since_s, limit=min(limit, 25)),
+            "model": model or "", "since": period, "periods": PERIODS, "limit": limit,
+        }
+
+    return _page(request, build)
+
+
+@router.get("/models/{name}/coverage")
+def model_coverage(request: Request, name: ModelName,
+                   version: Annotated[str | None, Query(max_length=64)] = None,
+                   since: Annotated[str | None, Query(max_length=8)] = "",
+                   ) -> Response:
+    """Per version: what its artifacts serve, and what nodes asked for that none serves."""
+    def build(state: AppState, _: Principal) -> tuple[str, dict[str, Any]]:
+        period, since_s = _period(since)
+        _flush_reports(state)
+        cov = coverage.version_coverage(state.db, name, version or None, since_s=since_s)
+        return "coverage.html", {"coverage": cov, "name": name, "version": version or "",
+                                 "since": period, "periods": PERIODS}
 
     return _page(request, build)
 

@@ -83,6 +83,55 @@ def test_every_page_renders_for_a_reader(ui: tuple[TestClient, Any]) -> None:
     assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
 
 
+def test_misses_and_coverage_pages_show_what_nodes_asked_for(
+    ui: tuple[TestClient, Any],
+) -> None:
+    from datetime import datetime, timezone
+
+    from registry.service import reports as report_service
+
+    client, db = ui
+    state = client.app.state.farm  # type: ignore[attr-defined]
+    art = make_artifact(db, state.store, name="tiny", version="1")
+    service.set_alias(db, "tiny", "prod", "1", actor="tester")
+    other = "cpu/python=3.11.7/torch=2.14.0+cpu/isa=avx2/threads=2"
+    now = datetime.now(timezone.utc)
+    row = {"reported_at": now, "kind": "miss", "model": "tiny", "ref": "prod", "version": "1",
+           "inputs": "int64[1,32]", "grad_mode": "inference", "target": str(CPU),
+           "code": "shape", "reason": f"no artifact covers int64[1,32] {HOSTILE}",
+           "node": "node-a", "seconds": 0.01}
+    report_service.store_reports(db, [row, {**row, "node": "node-b"},
+                                      {**row, "target": other, "inputs": "int64[1,16]",
+                                       "code": "torch", "node": "node-c"},
+                                      {**row, "kind": "load", "inputs": "int64[1,16]",
+                                       "code": None, "reason": None,
+                                       "digest": art["digest"]}])
+    client.cookies.set(COOKIE, auth.create_token(db, "dash", "read"))
+
+    page = client.get("/ui/misses")
+    assert page.status_code == 200, page.text
+    text = page.text
+    # Two nodes' misses of one shape are one row counted twice; the load is not a miss.
+    assert "<b>2</b>" in text and "int64[1,32]" in text and "node-b" in text
+    assert other in text
+    assert HOSTILE not in text and "&lt;script&gt;" in text
+    assert client.get("/ui/misses?model=tiny&since=1h").status_code == 200
+    assert client.get("/ui/misses?model=nosuch").status_code == 404
+    bad = client.get("/ui/misses?since=3y")
+    assert bad.status_code == 422 and "known:" in bad.text
+
+    cov = client.get("/ui/models/tiny/coverage")
+    assert cov.status_code == 200, cov.text
+    body = cov.text
+    assert str(CPU) in body and art["digest"] in body and "prod" in body
+    # Not covered: the wider shape on the built target, and any shape on the newer torch.
+    assert "int64[1,32]" in body and other in body
+    one = client.get("/ui/models/tiny/coverage", params={"version": "1"})
+    assert one.status_code == 200 and "every version" in one.text
+    assert client.get("/ui/models/tiny/coverage", params={"version": "9"}).status_code == 404
+    assert client.get("/ui/models/nosuch/coverage").status_code == 404
+
+
 def _failed_job(db: Any) -> str:
     spec = JobSpec.from_json({"name": "evil", "version": "1",
                               "model": {"entrypoint": "farm.zoo.basic:mlp"},
@@ -97,7 +146,8 @@ def test_pages_without_a_token_show_the_sign_in_page_and_no_data(
 ) -> None:
     client, db = ui
     job_id = _failed_job(db)
-    for path in ("/ui/", "/ui/models", "/ui/models/evil", f"/ui/jobs/{job_id}", "/ui/jobs",
+    for path in ("/ui/", "/ui/models", "/ui/misses", "/ui/models/evil/coverage",
+                 "/ui/models/evil", f"/ui/jobs/{job_id}", "/ui/jobs",
                  f"/ui/artifacts/{'a' * 64}", "/ui/models/evil/versions/1"):
         r = client.get(path)
         assert r.status_code == 401, (path, r.status_code)
@@ -290,6 +340,25 @@ def test_the_dashboard_in_a_browser_shows_a_failed_builds_log_and_artifacts(
                 shot = tmp_path / "dashboard-artifact.png"
                 page.screenshot(path=str(shot), full_page=True)
                 shutil.copy(shot, SCREENSHOTS / "dashboard-artifact.png")
+
+                # A node misses a wider batch: the coverage and misses pages show it.
+                with farm.http() as c:
+                    r = c.post("/v1/reports", json={"node": "dash-node", "reports": [
+                        {"kind": "miss", "model": good_name, "ref": "1", "version": "1",
+                         "inputs": ["float32[8,16]"], "target": target, "code": "shape",
+                         "reason": "no artifact covers float32[8,16]"}]})
+                    assert r.status_code == 202, r.text
+                page.goto(f"{farm.url}/ui/models/{good_name}/coverage")
+                uncovered = page.locator("table.uncovered")
+                assert "float32[8,16]" in uncovered.inner_text()
+                assert "float32[2,16]" in page.locator("section.coverage table").first.inner_text()
+                shot = tmp_path / "dashboard-coverage.png"
+                page.screenshot(path=str(shot), full_page=True)
+                shutil.copy(shot, SCREENSHOTS / "dashboard-coverage.png")
+                page.click("header nav >> text=Misses")
+                page.wait_for_url("**/ui/misses")
+                misses = page.locator("table.misses").inner_text()
+                assert "no artifact covers float32[8,16]" in misses
 
                 # Signing out leaves nothing readable.
                 page.click("header button[type=submit]")
