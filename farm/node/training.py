@@ -32,16 +32,42 @@ from farm.core.training import LossStep, loss_step, make_optimizer
 
 
 class CompiledForward(nn.Module):
-    """``program`` (a LossStep) whose forward is the loaded artifact: what
-    DDP wraps. Its parameters are the program's, so DDP syncs and reduces them."""
+    """``module`` (a model, or a LossStep) whose forward is its loaded
+    artifact: what DDP wraps. Its parameters are the module's, so DDP syncs
+    and reduces them; the artifact reads them from ``module``."""
 
-    def __init__(self, program: LossStep, artifact: Callable[..., torch.Tensor]) -> None:
+    def __init__(self, module: nn.Module, artifact: Callable[..., Any]) -> None:
         super().__init__()
-        self.program = program
+        self.module = module
         self._artifact = artifact
 
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        return self._artifact(*args)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._artifact(*args, **kwargs)
+
+
+def compiled_ddp_module(client: Any, resolved: Mapping[str, Any], model: nn.Module,
+                        **ddp_kwargs: Any) -> nn.Module:
+    """The guide's "compile the module handed to DDP" for any training-mode
+    artifact of ``model`` (a factory job with grad_mode training): fetch,
+    verify and load it for ``model``, and return DistributedDataParallel
+    around the module whose forward is the artifact. The loss, the
+    optimizer and the loop are the caller's, as with ``model.compile()``
+    followed by ``DistributedDataParallel(model)``. Call after
+    ``torch.distributed.init_process_group``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from farm.node.compiled import class_mismatch
+
+    artifact = resolved.get("artifact", resolved)
+    if (artifact.get("meta") or {}).get("grad_mode") != "training":
+        raise ValueError(f"artifact {str(artifact.get('digest', ''))[:12]} was compiled for "
+                         "inference: it has no backward to train under DDP (resolve with "
+                         "GradMode.TRAINING)")
+    why = class_mismatch(dict(artifact), model)
+    if why is not None:
+        raise ValueError(why)
+    fn = client.load(resolved, module=model)
+    return DistributedDataParallel(CompiledForward(model, fn), **ddp_kwargs)
 
 
 class TrainStep:

@@ -10,6 +10,9 @@ trained by fleet nodes in fresh processes:
   gloo ranks (``dist_harness``) each load it, train three steps on their own
   batches, and match uncompiled DDP; both ranks hold the same all-reduced
   gradients;
+- a plain factory job built for training, loaded as the model's forward and
+  handed to DDP, with the node's own loss and optimizer (the guide's
+  ``model.compile()`` then ``DistributedDataParallel(model)``);
 - one build with Inductor (AdamW): a real C++ compile, verified the same way.
 """
 
@@ -84,6 +87,7 @@ def check_steps(result: dict[str, Any]) -> None:
     assert result["steps"][0]["loss"] != result["steps"][-1]["loss"]
 
 
+@pytest.mark.timeout(scaled(900))
 def test_training_step_through_the_farm_alone_and_under_ddp(farm: Farm) -> None:
     kwargs = {"lr": 0.05, "momentum": 0.9}
     job = farm.wait_job(farm.submit(train_job("train-sgd", backend="aot_eager",
@@ -114,6 +118,29 @@ def test_training_step_through_the_farm_alone_and_under_ddp(farm: Farm) -> None:
     assert ranks[0]["steps"][0]["grad_sum"] != pytest.approx(single["steps"][0]["grad_sum"])
 
 
+@pytest.mark.timeout(scaled(900))
+def test_the_compiled_module_handed_to_ddp(farm: Farm) -> None:
+    """A plain factory job built for training: each rank loads its artifact as
+    the module's forward and hands that module to DDP; the loss and SGD are
+    the node's own (the guide's ``model.compile(); DistributedDataParallel(model)``)."""
+    spec = {"name": "train-inner", "version": "1", "grad_mode": "training",
+            "model": {"entrypoint": "tests.models.training:make"},
+            "inputs": INPUTS[:1], "options": {"backend": "aot_eager"}, "targets": ["cpu"]}
+    job = farm.wait_job(farm.submit(spec))
+    assert job["state"] == "succeeded", json.dumps(job, indent=1)[:6000]
+    (art,) = job["builds"][0]["artifacts"]
+    assert art["meta"]["grad_mode"] == "training" and "train" not in art["meta"]
+    args = ["--model", "train-inner", "--input", INPUTS[0], "--inner", INPUTS[1], "--ddp"]
+    ranks = run_ranks(NODE, args, world_size=2, env=farm.env)
+    for r in ranks:
+        assert r["digest"] == art["digest"]
+        check_steps(r)
+    for s0, s1 in zip(ranks[0]["steps"], ranks[1]["steps"], strict=True):
+        assert s0["loss"] != s1["loss"]
+        assert s0["grad_sum"] == pytest.approx(s1["grad_sum"], rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.timeout(scaled(900))
 def test_training_step_with_inductor(farm: Farm) -> None:
     job = farm.wait_job(farm.submit(train_job("train-adamw", backend="inductor",
                                               optimizer="AdamW",

@@ -21,6 +21,10 @@ def main() -> None:
     p.add_argument("--input", action="append", required=True)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--ddp", action="store_true")
+    p.add_argument("--inner", metavar="TARGET_SPEC", default=None,
+                   help="the model is a plain training-mode factory job: DDP wraps its "
+                        "compiled module (compiled_ddp_module), and the loss (MSE against a "
+                        "target of this spec) and SGD are this script's")
     a = p.parse_args()
 
     import torch
@@ -46,8 +50,12 @@ def main() -> None:
     resolved = client.resolve(a.model, None, [str(s) for s in specs], GradMode.TRAINING,
                               detect_local_target("cpu"))
     artifact = resolved["artifact"]
-    step = compiled_train_step(client, resolved, model, ddp=a.ddp)
-    eager = eager_train_step(reference, train_spec_of(artifact), ddp=a.ddp)
+    if a.inner:
+        step, eager = inner_ddp_steps(client, resolved, model, reference)
+        specs = (*specs, *parse_inputs([a.inner]))
+    else:
+        step = compiled_train_step(client, resolved, model, ddp=a.ddp)
+        eager = eager_train_step(reference, train_spec_of(artifact), ddp=a.ddp)
 
     def errors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
         assert sorted(got) == sorted(want), (sorted(got), sorted(want))
@@ -89,6 +97,27 @@ def main() -> None:
 
         dist.destroy_process_group()
     print(json.dumps(result))
+
+
+def inner_ddp_steps(client: object, resolved: dict[str, object], model: object,
+                    reference: object) -> tuple[object, object]:
+    """The guide's pattern with the farm's artifact: DDP around the compiled
+    module, the loss and the optimizer outside; and the same uncompiled."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from farm.core.training import LossStep
+    from farm.node.training import TrainStep, compiled_ddp_module
+
+    def make_step(module: torch.nn.Module, ddp: torch.nn.Module, source: str) -> TrainStep:
+        opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9, foreach=True)
+        return TrainStep(lambda x, y: F.mse_loss(ddp(x), y), opt,
+                         program=LossStep(module, F.mse_loss, 1), source=source)
+
+    compiled = compiled_ddp_module(client, resolved, model)
+    return (make_step(model, compiled, "farm"),  # type: ignore[arg-type]
+            make_step(reference, DistributedDataParallel(reference), "eager"))  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

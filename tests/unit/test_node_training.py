@@ -86,3 +86,11 @@ def test_an_artifact_of_another_model_is_refused(built: dict[str, Any]) -> None:
 def test_an_inference_artifact_is_not_a_training_step() -> None:
     with pytest.raises(ValueError, match="not a training step"):
         train_spec_of({"digest": "ab" * 32, "meta": {}})
+
+
+def test_an_inference_artifact_cannot_train_under_ddp() -> None:
+    from farm.node.training import compiled_ddp_module
+
+    resolved = {"artifact": {"digest": "ab" * 32, "meta": {"grad_mode": "inference"}}}
+    with pytest.raises(ValueError, match="compiled for inference: it has no backward"):
+        compiled_ddp_module(None, resolved, torch.nn.Linear(2, 2))
