@@ -8,7 +8,12 @@ those imports were about 4.4 s of a training node's first result on the H200).
 
 It never initializes CUDA and holds one Python thread when it forks (both
 checked before each fork: the request is refused otherwise, and ``farm run``
-then runs the command itself). It serves only its own uid (SO_PEERCRED) on a
+then runs the command itself). One native thread besides the main one is there: numpy's
+OpenBLAS starts its worker pool when imported (``import numpy`` alone shows it
+in /proc/self/task; OPENBLAS_NUM_THREADS=1 removes it), and OpenBLAS's own
+pthread_atfork handlers (numpy's libscipy_openblas links __register_atfork)
+stop that pool before a fork and let the child start its own, which is what
+makes a fork with it safe. It serves only its own uid (SO_PEERCRED) on a
 socket of mode 0600.
 
 The child is set up to look like a fresh ``python SCRIPT``: the client's
@@ -48,8 +53,10 @@ from typing import Any, NoReturn
 
 from farm.node.run import HEADER, MAX_REQUEST, default_socket, read_messages, send_message
 
-# What loading an aot_compile artifact imports (python -X importtime of
-# farm.node.loader.load_artifact on one), and the farm's node modules.
+# What loading an aot_compile artifact imports (farm.node.compiled's warm
+# imports, then the modules a training artifact's compiled_train_step and first
+# step added to sys.modules on top of them: measured on torch 2.13 CPU), and the
+# farm's node modules (the fleet path's verification imports cryptography).
 PRELOAD = (
     "torch",
     "torch._dynamo",
@@ -62,12 +69,18 @@ PRELOAD = (
     "torch._dynamo.aot_compile",
     "torch.utils.cpp_extension",
     "torch.compiler",
+    "torch.fx.experimental.validator",
+    "torch._functorch._aot_autograd.subclass_codegen",
+    "torch.profiler",
     "triton",
     "farm.node",
     "farm.node.loader",
     "farm.node.compiled",
     "farm.node.client",
     "farm.node.training",
+    "farm.node.verify",
+    "farm.node.weight_check",
+    "farm.core.modelref",
 )
 
 # Environment variables read when a module is imported (torch's, Inductor's,
@@ -215,6 +228,14 @@ def _reseed() -> None:
         torch.default_generator.seed()
 
 
+def _fresh_farm() -> None:
+    # The farm's process-wide caches, as a fresh process has them: empty (the
+    # child's FARM_HOME, CLIENT_CACHE_DIR... are read again on first use).
+    settings = sys.modules.get("farm.core.settings")
+    if settings is not None:
+        settings.get_settings.cache_clear()
+
+
 def _fresh_logging() -> None:
     # `farm agent` ran logging.basicConfig (the CLI does); a fresh interpreter's
     # root logger has no handler and level WARNING. torch's own loggers are
@@ -278,6 +299,7 @@ def child_main(cmd: Command, req: dict[str, Any], fds: list[int], close: list[in
         sys.path[:] = _sys_path(cmd, env, req["cwd"], base_path)
         _reseed()
         _fresh_logging()
+        _fresh_farm()
         if env.get("OMP_NUM_THREADS", "").isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
             import torch  # OpenMP read the variable when the agent loaded it
 
