@@ -340,9 +340,11 @@ def usable_gpu_memory(device: torch.device) -> tuple[int, int]:
     free, total = torch.cuda.mem_get_info(device)
     get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     if get_fraction is not None:
-        fraction = float(get_fraction(device))
+        # An index: torch's getter refuses a device without one ("cuda").
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        fraction = float(get_fraction(index))
         if fraction < 1.0:
-            allowed = int(fraction * total) - torch.cuda.memory_reserved(device)
+            allowed = int(fraction * total) - torch.cuda.memory_reserved(index)
             free = max(0, min(free, allowed))
     return free, total
 
