@@ -258,3 +258,11 @@ def test_a_training_artifact_under_the_agent_matches_a_fresh_process(
     for n, g in want["grads"].items():
         assert g is not None and torch.equal(got["grads"][n], g), n
     print(f"under the agent: {under_agent:.2f} s")
+
+
+def test_the_client_imports_no_torch() -> None:
+    r = subprocess.run([PY, "-c", "import sys, farm.node.run, farm.app.agent_commands; "
+                        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+                        "('torch', 'numpy', 'pydantic')))"],
+                       capture_output=True, text=True, timeout=scaled(60), cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
