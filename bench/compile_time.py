@@ -181,6 +181,9 @@ def main() -> None:
     def say(text: str = "") -> None:
         print(text, flush=True)
         lines.append(text)
+        if args.out:  # after every line: a run cut short keeps its rows
+            with open(args.out, "w") as fh:
+                fh.write("\n".join(lines) + "\n")
 
     load = os.getloadavg()[0]
     say(f"compile_time: {described}, {args.layers} layers, hidden {args.hidden}, vocab "
@@ -220,9 +223,6 @@ def main() -> None:
         "fresh process and Inductor cache per build; dynamo s = Dynamo's bytecode tracing, "
         "backend s = AOTAutograd + Inductor, C++ s = Inductor's C++ kernel builds (CPU; "
         "inside backend s)")
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ attention_mask=...)``, returning its ``CausalLMOutputWithPast``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -17,14 +19,15 @@ VOCAB = 128
 def hf_llama(layers: int = 2) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
-        attn_implementation="sdpa",
+    fields: dict[str, Any] = {
+        "vocab_size": VOCAB, "hidden_size": 64, "num_hidden_layers": layers,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+        "max_position_embeddings": 256, "attn_implementation": "sdpa",
         # A KV cache in the output is state the caller threads through: a
         # different program from the forward pass served here.
-        use_cache=False,
-    )
+        "use_cache": False,
+    }
+    config = LlamaConfig(**fields)
     return LlamaForCausalLM(config)
 
 
