@@ -29,6 +29,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
 from farm.core.digests import InvalidDigest, validate_digest
+from farm.core.target import Target, TargetError, TargetSelector
 from registry import service
 from registry.auth import ANONYMOUS_ADMIN, AuthError, Principal, bearer_token
 from registry.service import coverage, trust
@@ -383,6 +384,36 @@ def model_coverage(request: Request, name: ModelName,
         cov = coverage.version_coverage(state.db, name, version or None, since_s=since_s)
         return "coverage.html", {"coverage": cov, "name": name, "version": version or "",
                                  "since": period, "periods": PERIODS}
+
+    return _page(request, build)
+
+
+@router.get("/plan")
+def plan(request: Request,
+         target: Annotated[str | None, Query(max_length=512)] = None,
+         since: Annotated[str | None, Query(max_length=8)] = "") -> Response:
+    """What ``farm plan --target`` would list: the builds a target needs so that
+    every model and alias the fleet uses is served there (read-only: submitting
+    is ``farm plan --submit``)."""
+    def build(state: AppState, _: Principal) -> tuple[str, dict[str, Any]]:
+        period, since_s = _period(since)
+        live = service.live_targets(state.db, max_age_s=state.heartbeat_max_age_s)
+        builds = None
+        if target:
+            try:
+                selector: TargetSelector | Target = Target.parse(target)
+            except TargetError:
+                try:
+                    selector = TargetSelector.parse(target)
+                except TargetError as exc:
+                    raise service.InvalidRequest(
+                        f"{exc}; give a full target or a selector such as 'cpu' or "
+                        "'cpu/torch=2.14.0+cpu'") from None
+            _flush_reports(state)
+            builds = [b.to_json() for b in
+                      coverage.plan_for_target(state.db, selector, live=live, since_s=since_s)]
+        return "plan.html", {"target": target or "", "builds": builds, "live": live,
+                             "since": period, "periods": PERIODS}
 
     return _page(request, build)
 

@@ -120,6 +120,17 @@ def test_misses_and_coverage_pages_show_what_nodes_asked_for(
     bad = client.get("/ui/misses?since=3y")
     assert bad.status_code == 422 and "known:" in bad.text
 
+    # A newer torch needs tiny@1 built again, for what nodes asked for and what prod serves.
+    newer = "cpu/python=3.11.7/torch=2.14.0+cpu/isa=avx2/threads=2"
+    planned = client.get("/ui/plan", params={"target": newer})
+    assert planned.status_code == 200, planned.text
+    assert "table class=\"plan\"" in planned.text and "alias prod" in planned.text
+    assert "int64[1,16]" in planned.text and newer in planned.text
+    assert "Nothing to build" not in planned.text
+    assert client.get("/ui/plan").status_code == 200
+    bad_target = client.get("/ui/plan", params={"target": "cpu/nonsense=1"})
+    assert bad_target.status_code == 422 and "selector" in bad_target.text
+
     cov = client.get("/ui/models/tiny/coverage")
     assert cov.status_code == 200, cov.text
     body = cov.text
@@ -146,7 +157,7 @@ def test_pages_without_a_token_show_the_sign_in_page_and_no_data(
 ) -> None:
     client, db = ui
     job_id = _failed_job(db)
-    for path in ("/ui/", "/ui/models", "/ui/misses", "/ui/models/evil/coverage",
+    for path in ("/ui/", "/ui/models", "/ui/misses", "/ui/models/evil/coverage", "/ui/plan",
                  "/ui/models/evil", f"/ui/jobs/{job_id}", "/ui/jobs",
                  f"/ui/artifacts/{'a' * 64}", "/ui/models/evil/versions/1"):
         r = client.get(path)
