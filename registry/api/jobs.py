@@ -67,7 +67,9 @@ class JobSpecIn(BaseModel):
     options: dict[str, str | bool | dict[str, Any]] = Field(
         default_factory=dict,
         description="compile options: mode, backend (inductor, eager, aot_eager), "
-                    "guard_filter, disable_guard_check (true/false), weights (auto, empty, "
+                    "guard_filter, disable_guard_check (true/false), regional (true/false: "
+                    "repeated blocks compiled once as nested compile regions), "
+                    "weights (auto, empty, "
                     "fake: a build without memory for the weights), parallel (a "
                     "tensor-parallel layout: world_size, mesh_shape, mesh_dim_names, "
                     "plan {module path: colwise|rowwise})")
