@@ -6,6 +6,7 @@ imports model code or holds a model in its own memory.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,10 @@ def compile_env(build_dir: str | Path) -> dict[str, str]:
         # it can even compute a kernel's cache key: every build paid it, and a
         # build whose kernels all come from the shared cache
         # (farm.build.compile_cache) still did. bench/build_cost.py measures it.
-        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+        # An operator's TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=1 in the
+        # worker's environment restores torch's default.
+        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS":
+            os.environ.get("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0"),
     }
     cxx = current_compiler()
     if cxx is not None:

@@ -1,0 +1,183 @@
+"""What a build costs when the target's shared compile cache is warm (issue 18).
+
+Runs the compile worker's compile step directly, no farm servers: each build is
+``farm.build.steps:compile_step`` in a fresh sandboxed child, with the cache
+wiring of ``workers.tasks`` (``farm.build.compile_cache``: the worker prefills
+the child's Inductor/Triton cache directories from the target's namespace and
+harvests what it added), over a directory store, so it needs no Redis.
+
+Cases, each after the ones before it (the store keeps what they compiled):
+
+  cold                    16 residual layers, an empty store
+  second mode             the same model, grad mode training (or --second-mode)
+  one of 16 layers        a new version whose layer 7 uses SiLU instead of GELU
+  new input shape         the batch doubled
+  identical resubmission  the farm traces again and finds the same build key, so
+                          it links the existing artifact: no compile. Checked
+                          here by tracing both in fresh children and comparing
+                          build keys (farm.core.specs.build_key)
+
+Printed: the compile child's wall seconds (Python start and torch import
+included), the ratio to cold, entries prefilled and shared. aot_compile only:
+AOTI packages are compiled in a fresh cache on purpose (reproducible bytes,
+farm.build.aoti_support) and so gain nothing.
+
+    .venv/bin/python bench/build_cost.py                  # CPU
+    .venv/bin/python bench/build_cost.py --device cuda    # the H200
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from farm.build.compile_cache import CacheSession, DirCacheStore, namespace  # noqa: E402
+from farm.build.sandbox import build_isolation, run_isolated  # noqa: E402
+from farm.build.steps import compile_env  # noqa: E402
+from farm.core.specs import JobSpec, build_key  # noqa: E402
+
+
+def spec(*, layers: int, width: int, batch: int, changed: int = -1,
+         grad_mode: str = "inference", mode: str = "default", version: str = "1",
+         options: dict[str, Any] | None = None) -> JobSpec:
+    return JobSpec.from_json({
+        "name": "build-cost", "version": version,
+        "model": {"entrypoint": "farm.zoo.stack:stack",
+                  "kwargs": {"layers": layers, "width": width, "changed": changed}},
+        "inputs": [f"float32[{batch},{width}]"], "grad_mode": grad_mode,
+        "options": {**(options or {}), "mode": mode}})
+
+
+def compile_once(job: JobSpec, *, device: str, store: DirCacheStore, ns: str,
+                 work: Path, timeout_s: float, env: dict[str, str] | None = None,
+                 ) -> dict[str, Any]:
+    work.mkdir(parents=True)
+    cache = CacheSession(store, ns, work)
+    cache.prefill()
+    t0 = time.perf_counter()
+    res = run_isolated(
+        "farm.build.steps:compile_step",
+        {"spec": job.to_json(), "device": device, "out_dir": str(work / "out"),
+         "aoti_unavailable": "bench/build_cost.py measures aot_compile"},
+        timeout_s=timeout_s, memory_mb=16000, env_extra={**compile_env(work), **(env or {})},
+        isolation=build_isolation(writable=(str(work),), mode="auto"))
+    wall = time.perf_counter() - t0
+    if not res.ok:
+        raise SystemExit(f"compile failed: {res.error_type}: {res.error}\n{res.stderr_tail}")
+    cache.harvest()
+    assert res.value is not None
+    # torch.compile's own seconds in the child (farm.build.compile), without
+    # the Python start, the imports and the fingerprint check around it.
+    torch_s = sum(float(a["meta"].get("compile_s") or 0) for a in res.value["artifacts"])
+    return {"s": wall, "torch_s": torch_s, **cache.stats}
+
+
+def fingerprint(job: JobSpec, *, timeout_s: float) -> tuple[str, float]:
+    t0 = time.perf_counter()
+    res = run_isolated("farm.build.steps:trace_step", {"spec": job.to_json()},
+                       timeout_s=timeout_s, memory_mb=16000,
+                       isolation=build_isolation(mode="auto"))
+    if not res.ok or res.value is None:
+        raise SystemExit(f"trace failed: {res.error_type}: {res.error}")
+    return str(res.value["fingerprint"]), time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--second-mode", default="training",
+                    help="training (the grad mode), or a torch.compile mode "
+                         "(e.g. max-autotune-no-cudagraphs)")
+    ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a compile option for every build, e.g. regional=true")
+    ap.add_argument("--precompiled-headers", action="store_true",
+                    help="let the children build torch's precompiled header, as builds "
+                         "did before (farm.build.steps.compile_env turns it off)")
+    ap.add_argument("--timeout-s", type=float, default=1800)
+    ap.add_argument("--out", type=Path, help="also write the table here")
+    args = ap.parse_args()
+
+    import torch
+
+    from farm.core.target import detect_local_target
+
+    target = str(detect_local_target(args.device))
+    options = dict(o.split("=", 1) for o in args.option)
+    base: dict[str, Any] = {"layers": args.layers, "width": args.width, "batch": args.batch,
+                            "options": options}
+    second = ({"grad_mode": "training"} if args.second_mode == "training"
+              else {"mode": args.second_mode})
+    cases = [
+        ("cold", spec(**base)),
+        (f"second mode ({args.second_mode})", spec(**base, **second)),
+        (f"one of {args.layers} layers changed", spec(**base, changed=args.layers // 2 - 1,
+                                                       version="2")),
+        ("new input shape", spec(**{**base, "batch": args.batch * 2})),
+    ]
+    lines = [
+        f"# bench/build_cost.py {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"# target {target}",
+        f"# torch {torch.__version__}, python {platform.python_version()}; model "
+        f"farm.zoo.stack:stack layers={args.layers} width={args.width} batch={args.batch}"
+        f"{' options ' + str(options) if options else ''}",
+        "# run: the compile step called directly (no farm servers), in sandboxed children, "
+        "with the worker's cache wiring over a directory store; aot_compile only",
+        "# build s: the compile child's wall time; torch s: torch.compile's part of it; "
+        f"precompiled headers {'on' if args.precompiled_headers else 'off'}; load average "
+        f"{os.getloadavg()[0]:.1f} at the start",
+        f"{'case':<32} {'build s':>8} {'vs cold':>8} {'torch s':>8} {'vs cold':>8} "
+        f"{'prefilled':>9} {'shared':>7}",
+    ]
+    print("\n".join(lines), flush=True)
+    with tempfile.TemporaryDirectory(prefix="build-cost-") as tmp:
+        store = DirCacheStore(Path(tmp) / "store")
+        ns = namespace(target, "bench")
+        cold_s = cold_torch = 0.0
+        env = ({"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1"}
+               if args.precompiled_headers else None)
+        for i, (name, job) in enumerate(cases):
+            r = compile_once(job, device=args.device, store=store, ns=ns,
+                             work=Path(tmp) / f"b{i}", timeout_s=args.timeout_s, env=env)
+            cold_s, cold_torch = cold_s or r["s"], cold_torch or r["torch_s"]
+            line = (f"{name:<32} {r['s']:>8.1f} {r['s'] / cold_s:>8.0%} "
+                    f"{r['torch_s']:>8.1f} {r['torch_s'] / cold_torch:>8.0%} "
+                    f"{r['prefilled']:>9} {r['shared']:>7}")
+            print(line, flush=True)
+            lines.append(line)
+        # Identical resubmission: the registry dedupes on the build key.
+        keys, trace_s = [], []
+        for _ in range(2):
+            fp, s = fingerprint(cases[0][1], timeout_s=args.timeout_s)
+            j = cases[0][1]
+            keys.append(build_key(fingerprint=fp, inputs=j.inputs, grad_mode=j.grad_mode,
+                                  options=j.options, target=target))
+            trace_s.append(s)
+        if keys[0] != keys[1]:
+            raise SystemExit("identical resubmission: the build keys differ; the farm "
+                             "would compile it again")
+        line = (f"{'identical resubmission':<32} {0.0:>8.1f} {0:>8.0%} {0.0:>8.1f} {0:>8.0%} "
+                f"{'-':>9} {'-':>7}  (same build key: reused; its trace took "
+                f"{trace_s[1]:.1f} s)")
+        print(line, flush=True)
+        lines.append(line)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
