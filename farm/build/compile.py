@@ -7,6 +7,10 @@
     then ``save_compiled_function``. The model is built on the meta device and
     ``to_empty()``-ed onto the target device: real Parameters (guards check the
     type) in uninitialised memory, so weights are never loaded or initialised.
+    A CUDA build whose weights do not fit the build GPU (or any build with
+    ``options.weights: fake``) does the ``to_empty()`` inside FakeTensorMode
+    instead: no memory for the weights at all, weight guards dropped, and a
+    weights manifest the verifier and nodes check (``farm.build.fake_weights``).
     Example inputs come from the input specs, with dynamic dims marked
     (``mark_dynamic`` with the spec's range). Compiled and saved under the
     grad mode the artifact is for (guards pin it): inference under
