@@ -252,21 +252,18 @@ class CompiledHandle:
                                disable_guard_check=bool((pre.artifact.get("options") or {})
                                                         .get("disable_guard_check")),
                                weights_manifest=(pre.artifact.get("meta") or {}).get(MANIFEST_KEY))
-        except WeightsMismatch as exc:
-            # The farm's own check of the weights (a fake-weight build has no
-            # guards on them): refused before anything was loaded.
-            if not fallback:
-                raise
-            reason = f"artifact {pre.digest[:12]} ({pre.format}) refused: {first_line(exc)}"
-            log.warning("torch-farm: %s; using JIT torch.compile instead", reason)
-            self._report("fallback", pre, code="weights_mismatch", reason=reason)
-            return FarmCompiled(None, module_or_fn, prefetched=pre, reason=reason)
         except Exception as exc:
             if not fallback:
                 raise
-            reason = f"loading artifact {pre.digest[:12]} ({pre.format}) failed: {first_line(exc)}"
+            what = f"artifact {pre.digest[:12]} ({pre.format})"
+            # The farm's own check of the weights (a fake-weight build has no
+            # guards on them) refuses before anything is loaded.
+            refused = isinstance(exc, WeightsMismatch)
+            reason = (f"{what} refused: {first_line(exc)}" if refused
+                      else f"loading {what} failed: {first_line(exc)}")
             log.warning("torch-farm: %s; using JIT torch.compile instead", reason)
-            self._report("fallback", pre, code="load_failed", reason=reason)
+            self._report("fallback", pre, code="weights_mismatch" if refused else "load_failed",
+                         reason=reason)
             return FarmCompiled(None, module_or_fn, prefetched=pre, reason=reason)
         self.timings["load_s"] = time.perf_counter() - t0
         self._report("load", pre, seconds=self.timings["load_s"],

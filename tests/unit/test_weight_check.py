@@ -164,3 +164,37 @@ def test_the_build_statement_carries_the_manifest_only_when_there_is_one() -> No
     without = build_statement(**common, meta={})
     assert with_it["predicate"][MANIFEST_KEY] == manifest
     assert MANIFEST_KEY not in without["predicate"]
+
+
+def test_a_node_whose_weights_differ_falls_back_to_jit_saying_why(tmp_path: Path) -> None:
+    import concurrent.futures
+
+    from farm.core.target import detect_local_target
+    from farm.node.compiled import CompiledHandle, Prefetched
+
+    blob = tmp_path / "a.bin"
+    blob.write_bytes(b"never unpickled: the check refuses first")
+    target = detect_local_target("cpu", check_compiler=False)
+    pre = Prefetched(model="m", ref=None, version="1", inputs=(), grad_mode=GradMode.INFERENCE,
+                     target=target, path=blob, timings={}, verified=None,
+                     artifact={"digest": "ab" * 32, "format": "aot_compile",
+                               "meta": {MANIFEST_KEY: weights_manifest(Net(hidden=128))}})
+    reports: list[dict[str, Any]] = []
+
+    class Client:
+        def report(self, kind: str, **kw: Any) -> None:
+            reports.append({"kind": kind, **kw})
+
+    handle = CompiledHandle.__new__(CompiledHandle)
+    handle._future = concurrent.futures.Future()
+    handle._future.set_result(pre)
+    handle.__dict__.update(_import_thread=None, timings={}, _client=Client(), model="m",
+                           ref=None, inputs=(), grad_mode=GradMode.INFERENCE, target=target)
+    fast = handle.bind(Net(hidden=64))
+    assert fast.source == "jit"  # type: ignore[attr-defined]
+    assert fast.reason == (  # type: ignore[attr-defined]
+        "artifact abababababab (aot_compile) refused: the module's weights do not fit the "
+        "artifact: fc1.weight: shape [64,32], artifact built for [128,32]")
+    assert [(r["kind"], r["code"]) for r in reports] == [("fallback", "weights_mismatch")]
+    with pytest.raises(WeightsMismatch):
+        handle.bind(Net(hidden=64), fallback=False)
