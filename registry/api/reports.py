@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -9,7 +10,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from farm.core.specs import CompileOptions, JobSpec, format_inputs, parse_inputs
+from farm.core.specs import CompileOptions, JobSpec, SpecError, format_inputs, parse_inputs
 from farm.core.target import Target, TargetError, TargetSelector
 from registry import service
 from registry.service import coverage
@@ -54,9 +55,25 @@ class ReportBatchIn(BaseModel):
     reports: list[ReportIn] = Field(min_length=1, max_length=1000)
 
 
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
 def _row(r: ReportIn, node: str | None) -> dict[str, Any]:
     # Parsed so that what is stored is canonical and a bad spec or target is
-    # a 422 naming it, not a row every later reader must skip.
+    # a 422 naming it, not a row every later reader must skip. Checked here,
+    # not at the INSERT: the rows of many requests are written together, and
+    # one the database refuses (a NUL byte) would take the others with it.
+    if not _NAME_RE.match(r.model):
+        raise SpecError(f"bad model name {r.model!r} in a report: letters, digits, '.', '_' "
+                        "and '-', at most 128")
+    for field_name in ("ref", "version", "format", "digest", "code"):
+        value = getattr(r, field_name)
+        if value is not None and not value.isprintable():
+            raise SpecError(f"report field {field_name!r} holds a control character")
+    if r.reason is not None and "\x00" in r.reason:
+        raise SpecError("report field 'reason' holds a NUL byte")
+    if node is not None and not node.isprintable():
+        raise SpecError("the batch's 'node' holds a control character")
     specs = parse_inputs(r.inputs)
     Target.parse(r.target)
     return {"reported_at": r.at, "kind": r.kind, "model": r.model, "ref": r.ref,

@@ -37,7 +37,7 @@ from farm.core.specs import (
 from farm.core.target import Target
 from registry import resolver, service
 from registry.entities import FORMATS, ArtifactRecord
-from registry.service import trust
+from registry.service import resolve_reads
 
 from .deps import Reader, State
 from .schemas import (
@@ -73,10 +73,10 @@ def _load_candidates(state: AppState, model: str, ref: str | None) -> Candidates
     """Candidates, or the NotFound message (cached too: a fleet asking for a
     model that does not exist must not cost a query per node)."""
     try:
-        version, records = service.version_candidates(state.db, model, ref)
+        version, records, bindings = resolve_reads.candidates_and_bindings(state.db, model, ref)
     except service.NotFound as exc:
         return str(exc)
-    return Candidates(version, records, trust.bindings_for(state.db, model, version, ref))
+    return Candidates(version, records, bindings)
 
 
 def parse_grad_mode(text: str) -> GradMode:

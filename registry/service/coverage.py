@@ -10,7 +10,7 @@ their inputs and call them; the CLI, the HTTP API and the dashboard use those.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,7 +137,7 @@ def _record_serves_selector(r: ArtifactRecord, selector: TargetSelector | Target
 
 
 def plan_builds(selector: TargetSelector | Target, needs: Iterable[Need],
-                records: dict[tuple[str, str], Sequence[ArtifactRecord]], *,
+                records: Mapping[tuple[str, str], Sequence[ArtifactRecord]], *,
                 live: Sequence[Target] = ()) -> list[PlannedBuild]:
     """The builds that make every need servable on ``selector``.
 

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from farm.core import attest
 from registry import models as m
@@ -149,7 +150,13 @@ def bindings_for(db: Database, model: str, version: str, ref: str | None) -> dic
     ``version``) serves: the version's, and the alias's when ``ref`` (or the
     default, ``latest``) is an alias."""
     with db.session() as s:
-        rows = s.scalars(select(m.NameBinding).where(m.NameBinding.model == model)).all()
+        return bindings_in(s, model, version, ref)
+
+
+def bindings_in(s: Session, model: str, version: str, ref: str | None) -> dict[str, Any]:
+    """``bindings_for`` in the caller's session (the resolve path reads the
+    artifacts and these in one transaction)."""
+    rows = s.scalars(select(m.NameBinding).where(m.NameBinding.model == model)).all()
     out: dict[str, Any] = {"version": None, "alias": None}
     alias = ref if ref is not None and ref != version else (None if ref else "latest")
     for r in rows:

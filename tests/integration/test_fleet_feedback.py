@@ -103,6 +103,10 @@ def test_reports_are_stored_counted_and_grouped(api: Api) -> None:
     ({"inputs": ["float32[8,"]}, "float32[8,"),
     ({"target": "cpu/python=3.11"}, "incomplete target"),
     ({"grad_mode": "sideways"}, "grad_mode"),
+    # Refused at the request: written in bulk, it would take other nodes' rows with it.
+    ({"model": "tiny\x00"}, "bad model name"),
+    ({"version": "1\x00"}, "control character"),
+    ({"reason": "a\x00b"}, "NUL"),
 ])
 def test_a_bad_report_is_refused_saying_what(api: Api, patch: dict[str, Any],
                                              needle: str) -> None:

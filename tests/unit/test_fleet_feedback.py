@@ -71,7 +71,11 @@ def test_add_never_waits_on_a_slow_farm_and_drops_when_it_is_down() -> None:
     time.sleep(0.3)  # the thread is now inside the hanging send
     # Queued while the send hangs: had add() waited on it, these would not
     # finish before the send is released below.
-    adder = threading.Thread(target=lambda: [rep.add(_report()) for _ in range(10)])
+    def add_ten() -> None:
+        for _ in range(10):
+            rep.add(_report())
+
+    adder = threading.Thread(target=add_ten)
     adder.start()
     adder.join(scaled(10))
     finished_before_release = not adder.is_alive()
