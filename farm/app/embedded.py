@@ -219,8 +219,9 @@ def worker_processes(
                 argv += ["--concurrency", str(min(4, len(devices)))]
             # A device named twice gets two compile workers (builds of one
             # target side by side on a big GPU host), each with its own log.
-            n = seen[f"{kind}{device}"] = seen.get(f"{kind}{device}", 0) + 1
-            name = f"worker-{kind}{'-' + device if device else ''}{'-' + str(n) if n > 1 else ''}.log"
+            stem = f"worker-{kind}{'-' + device if device else ''}"
+            n = seen[stem] = seen.get(stem, 0) + 1
+            name = f"{stem}{'-' + str(n) if n > 1 else ''}.log"
             slots.append(WorkerSlot(argv, env, log_dir / name if log_dir else None))
         supervisor.start()
         yield slots
