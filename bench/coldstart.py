@@ -27,6 +27,12 @@ cuda, with --farm-url (scripts/gpu_check.sh on the H200)
   forward and a backward). --budget-s stops before a round that would not
   fit, and the table is written after every round.
 
+--agent (with --farm-train-models): the training rows again, each run through
+  ``python -m farm.node.run`` in a fork of a node agent (farm.node.agent) that
+  has torch, Dynamo and Inductor imported; the agent is started once before the
+  rounds (its start is reported apart), and these rows count from the
+  ``farm run`` client's process start.
+
 Prints a table of seconds, ratios against JIT and eager, CPU seconds and steady
 per-call times, and writes it to bench/results/coldstart-<device>-<date>.txt.
 """
@@ -40,6 +46,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -183,6 +190,9 @@ def scenario(payload: dict[str, Any]) -> dict[str, Any]:
             Path(payload["megacache_out"]).write_bytes(saved[0])
     out.update(
         {
+            # Absolute: a row under the agent counts from its client's start.
+            "t_import_at": t_import,
+            "t_first_at": t_first,
             "to_first_result_s": t_first - started,
             "import_s": t_import - started,
             "build_s": t_built - t_import,
@@ -214,6 +224,11 @@ def _compiled_files(cache: str | None) -> int:
 
 def run_child(payload: dict[str, Any], *, no_compiler: bool = False) -> dict[str, Any]:
     cache = tempfile.mkdtemp(prefix="coldstart-cache-")
+    if payload.get("agent_socket"):
+        try:
+            return run_under_agent(payload, cache)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
     try:
         env = without_compilers() if no_compiler else dict(os.environ)
         extra = {
@@ -240,6 +255,79 @@ def run_child(payload: dict[str, Any], *, no_compiler: bool = False) -> dict[str
         return dict(res.value)
     err = res.error or res.describe()
     return {"error": f"{res.error_type or 'failed'}: {err.splitlines()[0][:160]}"}
+
+
+def cache_env(cache: str) -> dict[str, str]:
+    """A fresh node's caches: empty, per run (the agent reads these when used)."""
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": cache,
+        "TRITON_CACHE_DIR": f"{cache}/triton",
+        "CLIENT_CACHE_DIR": f"{cache}/farm-node-cache",
+        "FARM_HOME": f"{cache}/farm",
+    }
+
+
+def agent_env() -> dict[str, str]:
+    """The agent's and its clients' environment (the agent refuses a client whose
+    import-time variables differ from its own)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def start_agent(sock: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """One agent for the whole run, started before the rounds."""
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "farm.node.agent", "--socket", str(sock)],
+                            env=agent_env(), cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    if "listening at" not in line:
+        proc.kill()
+        raise SystemExit(f"the agent did not start: {line or proc.stderr.read()[-500:]}")
+    ready = json.loads(line.split(": ", 2)[2])
+    ready["wall_s"] = time.time() - t0
+    # Its later log lines must not fill a pipe nobody reads.
+    proc.stderr.close()
+    return proc, ready
+
+
+def run_under_agent(payload: dict[str, Any], cache: str) -> dict[str, Any]:
+    """The scenario as ``farm run -- python bench/coldstart.py --child ...``:
+    seconds from the client's process start (psutil, as the other rows)."""
+    import psutil
+
+    with tempfile.TemporaryDirectory(prefix="coldstart-agent-") as tmp:
+        pfile, ofile = Path(tmp) / "payload.json", Path(tmp) / "out.json"
+        pfile.write_text(json.dumps(payload))
+        cmd = [sys.executable, "-m", "farm.node.run", "--agent", payload["agent_socket"], "--",
+               sys.executable, str(ROOT / "bench" / "coldstart.py"), "--child", str(pfile),
+               str(ofile)]
+        proc = subprocess.Popen(cmd, env={**agent_env(), **cache_env(cache)}, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        started = psutil.Process(proc.pid).create_time()
+        try:
+            _, err = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return {"error": f"timed out after {TIMEOUT_S} s"}
+        if "running the command directly" in err:
+            # It ran, but not under the agent: not this row's number.
+            return {"error": "not under the agent: " + err.strip().splitlines()[0][:160]}
+        if proc.returncode != 0 or not ofile.exists():
+            tail = err.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+            return {"error": f"exit {proc.returncode}: {tail[0][:160]}"}
+        out = json.loads(ofile.read_text())
+    out["to_first_result_s"] = out["t_first_at"] - started
+    out["import_s"] = out["t_import_at"] - started
+    return dict(out)
+
+
+def child_main(payload_file: str, out_file: str) -> int:
+    """Under the agent (bench/coldstart.py --child PAYLOAD OUT): the scenario."""
+    result = scenario(json.loads(Path(payload_file).read_text()))
+    Path(out_file).write_text(json.dumps(result))
+    return 0
 
 
 def build(spec: JobSpec, device: str, out_dir: Path) -> dict[str, dict[str, Any]]:
@@ -332,6 +420,20 @@ def plan(args: argparse.Namespace, workdir: Path) -> list[tuple[str, dict[str, A
                         False,
                     )
                 )
+            if args.agent:
+                # The same runs forked by the node agent (started in main).
+                warm = {**train, "agent_socket": str(workdir / "agent.sock")}
+                rows.append(("eager, training, under farm run", {**warm, "kind": "eager"},
+                             False))
+                for name in args.farm_train_models:
+                    rows.append(
+                        (
+                            f"farm fleet path: {name}, training, under farm run",
+                            {**warm, "kind": "fleet", "farm_url": args.farm_url,
+                             "farm_model": name},
+                            False,
+                        )
+                    )
     elif args.device == "cpu":
         arts = build(spec, "cpu", workdir / "default")
         rows += [
@@ -490,7 +592,7 @@ def goals(
             out.append(f"  {label}: FAILED")
             continue
         checks = []
-        if label.endswith(", training"):
+        if ", training" in label:
             if eager_train:
                 checks.append(f"{first / eager_train:.2f}x eager training (goal <= 1.3: "
                               f"{'met' if first <= 1.3 * eager_train else 'NOT met'})")
@@ -519,7 +621,8 @@ def write_report(path: Path, args: argparse.Namespace, started: dt.datetime,
     text = "\n".join(
         [
             f"bench/coldstart.py --device {args.device} --model {args.model} "
-            f"--repeats {args.repeats}   ({started:%Y-%m-%d %H:%M}); rounds run: {rounds}",
+            f"--repeats {args.repeats}{' --agent' if args.agent else ''}   "
+            f"({started:%Y-%m-%d %H:%M}); rounds run: {rounds}",
             f"model: {MODELS[args.model][0]} {json.dumps(MODELS[args.model][1])} "
             f"input {MODELS[args.model][2]}",
             f"machine: {machine()}",
@@ -529,6 +632,7 @@ def write_report(path: Path, args: argparse.Namespace, started: dt.datetime,
             "result; import s: interpreter start and import torch; build s: the model with its "
             "weights (the fleet path's farm work runs in the background meanwhile); after s: "
             "first s less both, the part that differs between paths",
+            *agent_note(args),
             "",
             table(results),
             "",
@@ -536,6 +640,20 @@ def write_report(path: Path, args: argparse.Namespace, started: dt.datetime,
     )
     path.write_text(text)
     return text
+
+
+def agent_note(args: argparse.Namespace) -> list[str]:
+    ready = getattr(args, "agent_ready", None)
+    if not ready:
+        return []
+    return [
+        f"node agent (farm agent, started once before the rounds, not counted in any row): "
+        f"ready {ready['wall_s']:.2f} s after its start, imports {ready['preload_s']:.2f} s, "
+        f"{ready['threads']} Python thread, {ready['native_threads']} native, CUDA initialized: "
+        f"{ready['cuda_initialized']}; rows 'under farm run' count from the farm run client's "
+        "process start, their import s is the client's start, connect and fork (torch is "
+        "imported already), cpu s the forked child's only",
+    ]
 
 
 def machine() -> str:
@@ -605,7 +723,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also an aot_compile fleet row that imports after the model build",
     )
+    ap.add_argument(
+        "--agent",
+        action="store_true",
+        help="also the training rows under `farm run`, in forks of a node agent started once "
+        "before the rounds (needs --farm-train-models)",
+    )
     args = ap.parse_args(argv)
+    if args.agent and not args.farm_train_models:
+        ap.error("--agent adds training rows: give --farm-train-models (and --farm-url)")
     if args.device == "cuda":
         import torch
 
@@ -626,6 +752,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:
         rows = plan(args, Path(tmp))
+        agent = None
+        if args.agent:
+            agent, args.agent_ready = start_agent(Path(tmp) / "agent.sock")
+            print(f"  agent started in {args.agent_ready['wall_s']:.2f} s: "
+                  f"{json.dumps(args.agent_ready)}", flush=True)
         results: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in rows}
         slowest = 0.0
         done = 0
@@ -648,6 +779,9 @@ def main(argv: list[str] | None = None) -> int:
             done = rnd + 1
             # After every round: a run stopped from outside keeps what it measured.
             write_report(path, args, started, results, done)
+        if agent is not None:
+            agent.terminate()
+            agent.wait(timeout=30)
     text = write_report(path, args, started, results, done)
     print("\n" + text)
     print(f"written to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
@@ -655,4 +789,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        sys.exit(child_main(sys.argv[2], sys.argv[3]))
     sys.exit(main())

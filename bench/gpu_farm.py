@@ -43,6 +43,12 @@ JOBS: dict[str, dict[str, Any]] = {
         "model": {"entrypoint": "farm.zoo.basic:small_transformer"},
         "inputs": ["float32[4,64,128]"],
     },
+    # ...and this its training row (bench/coldstart.py --farm-train-models).
+    "transformer-cpu-train": {
+        "model": {"entrypoint": "farm.zoo.basic:small_transformer"},
+        "inputs": ["float32[4,64,128]"],
+        "grad_mode": "training",
+    },
     "bench-default": {
         "model": {"entrypoint": "farm.zoo.basic:bench_transformer"},
         "inputs": ["bfloat16[8,512,1024]"],

@@ -132,6 +132,6 @@ echo "== cold start against $URL (budget ${CS_S} s)"
 timeout "$CS_S" python3 bench/coldstart.py --device cuda --model bench --repeats 3 \
   --steady-calls 20 --farm-url "$URL" --out "$OUT" \
   --farm-models "${INFER[@]}" \
-  ${TRAIN[@]:+--farm-train-models "${TRAIN[@]}"} --skip megacache jit-autotune \
+  ${TRAIN[@]:+--farm-train-models "${TRAIN[@]}" --agent} --skip megacache jit-autotune \
   --budget-s $((CS_S - 10))
 echo "coldstart rc=$?"
