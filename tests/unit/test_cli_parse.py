@@ -57,6 +57,16 @@ def test_submit_args() -> None:
     assert a.targets == ["cpu", "cuda/gpu=NVIDIA%20H200"]
     assert a.mode == "max-autotune" and a.wait and a.json
     assert str(a.inputs[0]) == "float32[2..64,128]"
+    assert not a.regional
+
+
+def test_submit_takes_named_inputs_and_regional() -> None:
+    a = parse("submit", "./hf.py:make", "--name", "llama", "--version", "1",
+              "-i", "input_ids=int64[1,16]{0..31999}", "-i", "batch.x=float32[4,8]",
+              "--regional")
+    assert [s.name for s in a.inputs] == ["input_ids", "batch.x"] and a.regional
+    r = parse("resolve", "llama", "-i", "attention_mask=int64[1,16]{0..1}")
+    assert str(r.inputs[0]) == "attention_mask=int64[1,16]{0..1}"
 
 
 def test_other_commands_parse() -> None:
