@@ -13,7 +13,12 @@ OpenBLAS starts its worker pool when imported (``import numpy`` alone shows it
 in /proc/self/task; OPENBLAS_NUM_THREADS=1 removes it), and OpenBLAS's own
 pthread_atfork handlers (numpy's libscipy_openblas links __register_atfork)
 stop that pool before a fork and let the child start its own, which is what
-makes a fork with it safe. It serves only its own uid (SO_PEERCRED) on a
+makes a fork with it safe. On the H200 (torch 2.11, Triton 3.6) there is one more, a
+CUDA driver thread ("cuda0000..."), though torch's CUDA is not initialized:
+the agent makes torch.cuda.is_available() ask NVML while it imports (see
+preload) so that torch does not mark its forks unable to use CUDA, and at start
+it forks a probe child that checks just that; there, forked children ran a
+matmul and a torch.compile Triton kernel on the GPU. It serves only its own uid (SO_PEERCRED) on a
 socket of mode 0600.
 
 The child is set up to look like a fresh ``python SCRIPT``: the client's
@@ -94,6 +99,10 @@ LAZY_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_HOME
                       "PYTHONSTARTUP", "PYTHONBREAKPOINT"})
 
 
+# The warning filters as they were before the agent added its own (the child's).
+_FRESH_WARNING_FILTERS: list[Any] = []
+
+
 class Refused(Exception):
     """A request the agent will not run (the client runs it itself)."""
 
@@ -114,12 +123,40 @@ def log(msg: str) -> None:
 def preload() -> dict[str, Any]:
     t0 = time.perf_counter()
     skipped = []
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:  # triton on a CPU node, a module this torch lacks
-            skipped.append(f"{name} ({exc})")
+    # Inductor's benchmarking module and cpp_extension call torch.cuda.is_available()
+    # at import; its default way (cudaGetDeviceCount) starts the CUDA driver, and
+    # torch then refuses CUDA in every forked child ("Cannot re-initialize CUDA in
+    # forked subprocess", seen on the H200). NVML answers the same question
+    # without it. The variable is read per call, and removed again: the agent's
+    # environment, which requests are compared with, stays as it was given.
+    nvml_check = "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
+    if nvml_check:
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    try:
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:  # triton on a CPU node, a module this torch lacks
+                skipped.append(f"{name} ({exc})")
+    finally:
+        if nvml_check:
+            del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
     return {"preload_s": time.perf_counter() - t0, "skipped": skipped}
+
+
+def fork_probe() -> str | None:
+    """Fork once and ask the child whether torch would let it use CUDA: None if
+    yes (or no CUDA build), else why not."""
+    import torch
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        return ("torch marked forks of the agent unable to use CUDA (an import queried "
+                "the CUDA driver): forked children could not use the GPU")
+    return None
 
 
 def native_threads() -> int:
@@ -236,6 +273,14 @@ def _fresh_farm() -> None:
         settings.get_settings.cache_clear()
 
 
+def _fresh_warnings() -> None:
+    import warnings
+
+    if _FRESH_WARNING_FILTERS:
+        warnings.filters[:] = _FRESH_WARNING_FILTERS  # type: ignore[index]
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
 def _fresh_logging() -> None:
     # `farm agent` ran logging.basicConfig (the CLI does); a fresh interpreter's
     # root logger has no handler and level WARNING. torch's own loggers are
@@ -299,6 +344,7 @@ def child_main(cmd: Command, req: dict[str, Any], fds: list[int], close: list[in
         sys.path[:] = _sys_path(cmd, env, req["cwd"], base_path)
         _reseed()
         _fresh_logging()
+        _fresh_warnings()
         _fresh_farm()
         if env.get("OMP_NUM_THREADS", "").isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
             import torch  # OpenMP read the variable when the agent loaded it
@@ -618,14 +664,25 @@ def main(argv: list[str] | None = None, *, socket_path: Path | None = None) -> i
         socket_path = ap.parse_args(argv).socket
     path = socket_path or default_socket()
     t0 = time.time()
+    # Python 3.12 warns at each fork of a process with more OS threads than
+    # one; here those are OpenBLAS's pool, which its atfork handlers stop
+    # (see the module docstring). Python threads are checked before each fork.
+    import warnings
+
+    _FRESH_WARNING_FILTERS[:] = warnings.filters
+    warnings.filterwarnings("ignore", message=r"This process \(pid=\d+\) is multi-threaded",
+                            category=DeprecationWarning)
     info = preload()
     agent = Agent(path)
     listener = agent.listen()
     state = fork_state()
+    state["fork_cuda_ok"] = (bad := fork_probe()) is None
     ready = {"start_s": round(time.time() - t0, 3), "preload_s": round(info["preload_s"], 3),
              "skipped": info["skipped"], **state}
     try:
         check_forkable(state)
+        if bad:
+            raise Refused(bad)
     except Refused as exc:
         log(f"cannot serve: {exc}")
         listener.close()

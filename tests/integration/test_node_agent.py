@@ -70,6 +70,8 @@ def test_the_agent_has_one_thread_and_no_cuda(agent: dict[str, Any]) -> None:
     st = request_status(agent["sock"])
     assert st["threads"] == 1 and st["cuda_initialized"] is False
     assert agent["ready"]["threads"] == 1 and agent["ready"]["cuda_initialized"] is False
+    # A forked probe child found torch willing to start CUDA (no poisoned fork).
+    assert agent["ready"]["fork_cuda_ok"] is True
     assert st["pid"] == agent["proc"].pid
     assert oct(agent["sock"].stat().st_mode & 0o777) == "0o600"
 
