@@ -403,9 +403,11 @@ def _start_loadgen(cfg: dict[str, Any]) -> tuple[subprocess.Popen[bytes], Path]:
     """A load generator running in the background (read with ``_finish_loadgen``)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         f.write(json.dumps(cfg))
+    # Its answer (one JSON line, often over a pipe's 64 KiB) goes to a file.
+    out = open(f.name + ".out", "wb")  # noqa: SIM115 - closed by _finish_loadgen
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("loadgen.py")),
-                             "@" + f.name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=ROOT)
+                             "@" + f.name], stdout=out, stderr=subprocess.PIPE, cwd=ROOT)
+    out.close()
     return proc, Path(f.name)
 
 
@@ -415,17 +417,20 @@ def _finish_loadgen(proc: subprocess.Popen[bytes], cfg_path: Path, *, timeout_s:
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        out, err = proc.communicate(timeout=timeout_s)
+        _, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
         raise SystemExit(f"report generator ran past {timeout_s:.0f} s") from None
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out_path = Path(str(cfg_path) + ".out")
+    out = out_path.read_text()
     cfg_path.unlink(missing_ok=True)
+    out_path.unlink(missing_ok=True)
     if proc.returncode != 0:
         raise SystemExit(f"report generator failed: {err.decode()[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return json.loads(out.decode().strip().splitlines()[-1]), cpu
+    return json.loads(out.strip().splitlines()[-1]), cpu
 
 
 def _with_reports(args: argparse.Namespace, server: Server, bodies: list[dict[str, Any]],
@@ -560,7 +565,8 @@ def _distinct_report(args: argparse.Namespace, farm: Farm, res: dict[str, Any], 
 
     log()
     for ln in _env_lines(args, farm):
-        log(ln)
+        if not ln.startswith(("data:", "resolve:")):  # the one-question run's, not this one's
+            log(ln)
     log("resolve caches off (FARM_RESOLVE_CACHE_S=0): every resolve reads PostgreSQL; "
         "10,000 distinct (model, version, inputs, target) questions in turn against "
         "100,000 artifact rows")
