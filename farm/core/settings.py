@@ -82,7 +82,8 @@ class Settings(BaseSettings):
     farm_coordesc: bool = False
     # Which compile workers `farm serve --embedded` starts beside the API,
     # comma separated: this machine's CPU target by default, "cuda" (or
-    # "cpu,cuda") on a GPU host.
+    # "cpu,cuda") on a GPU host. A device named twice ("cuda,cuda") gets two
+    # compile workers that build that target's jobs side by side.
     farm_embedded_devices: str = "cpu"
     # Shared compile caches per target (farm.build.compile_cache): "on" (the
     # farm's Redis, else a directory under FARM_HOME), "redis", "dir", "off".
