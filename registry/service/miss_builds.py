@@ -146,14 +146,20 @@ def policies_on(db: Database) -> dict[str, float]:
     return {model: float(interval) for model, interval in rows}
 
 
+def _claim_row(build: MissBuild) -> Any:
+    """The select of this miss's claim row (one per model, version, inputs,
+    grad mode and target)."""
+    model, version, inputs, grad_mode, target = build.key()
+    return select(m.MissBuild).where(
+        m.MissBuild.model == model, m.MissBuild.version == version,
+        m.MissBuild.inputs == inputs, m.MissBuild.grad_mode == grad_mode,
+        m.MissBuild.target == target)
+
+
 def already_claimed(db: Database, build: MissBuild) -> bool:
     """A job was started for this miss and did not fail."""
-    model, version, inputs, grad_mode, target = build.key()
     with db.session() as s:
-        row = s.scalar(select(m.MissBuild).where(
-            m.MissBuild.model == model, m.MissBuild.version == version,
-            m.MissBuild.inputs == inputs, m.MissBuild.grad_mode == grad_mode,
-            m.MissBuild.target == target))
+        row = s.scalar(_claim_row(build))
         if row is None:
             return False
         job = s.get(m.Job, row.job_id) if row.job_id else None
@@ -187,10 +193,7 @@ def claim(db: Database, build: MissBuild) -> bool:
     except Conflict:
         pass  # another caller's row: see whether its job failed
     with db.session() as s:
-        row = s.scalar(select(m.MissBuild).where(
-            m.MissBuild.model == model, m.MissBuild.version == version,
-            m.MissBuild.inputs == inputs, m.MissBuild.grad_mode == grad_mode,
-            m.MissBuild.target == target).with_for_update())
+        row = s.scalar(_claim_row(build).with_for_update())
         if row is None:
             return False
         job = s.get(m.Job, row.job_id) if row.job_id else None
@@ -202,12 +205,8 @@ def claim(db: Database, build: MissBuild) -> bool:
 
 
 def set_claim_job(db: Database, build: MissBuild, job_id: str | None) -> None:
-    model, version, inputs, grad_mode, target = build.key()
     with db.session() as s:
-        row = s.scalar(select(m.MissBuild).where(
-            m.MissBuild.model == model, m.MissBuild.version == version,
-            m.MissBuild.inputs == inputs, m.MissBuild.grad_mode == grad_mode,
-            m.MissBuild.target == target))
+        row = s.scalar(_claim_row(build))
         if row is None:
             return
         if job_id is None:
