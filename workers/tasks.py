@@ -19,7 +19,7 @@ from celery.exceptions import Retry
 from sqlalchemy.exc import OperationalError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from farm.build.codeenv import CodeUnavailable, code_dir, code_root
+from farm.build.codeenv import NO_DEPS_HINT, CodeUnavailable, code_dir, code_root, env_dir, env_root
 from farm.build.compile_cache import CacheSession, namespace, open_store
 from farm.build.sandbox import SandboxResult, SandboxUnavailable, build_isolation, run_isolated
 from farm.build.steps import compile_env
@@ -102,7 +102,20 @@ def _code_paths(spec: JobSpec) -> list[str]:
             f"code pack {spec.code_digest[:12]} is not in the farm's blob store: upload it "
             "(PUT /v1/code/<digest>, which farm submit and FarmClient.submit do) and submit "
             "again") from None
-    return [str(where)]
+    # Its wheels and pins, installed here (the sandbox has no network), after
+    # the pack on the child's path and before the worker's own packages.
+    env = env_dir(spec.code_digest, where, root=env_root(s.farm_home),
+                  find_links=s.farm_pip_find_links, index_url=s.farm_pip_index_url)
+    return [str(where)] if env is None else [str(where), str(env)]
+
+
+def _with_hint(head: str, res: SandboxResult, paths: list[str]) -> str:
+    """A failed import of a job whose pack has wheels or pins says that their
+    dependencies were not installed (the commonest cause)."""
+    kind = (res.error_type or "").rsplit(".", 1)[-1]
+    if len(paths) > 1 and kind in ("ModuleNotFoundError", "ImportError"):
+        return f"{head} ({NO_DEPS_HINT})"
+    return head
 
 
 def enqueue_trace(job_id: str) -> None:
@@ -138,6 +151,7 @@ def trace_task(self: Task, job_id: str) -> None:
     )
     if not res.ok:
         head, full = _sandbox_error(res)
+        head = _with_hint(head, res, paths)
         log.warning("job %s failed to trace: %s", job_id, head)
         service.fail_job(db, job_id, error=head, log_text=full)
         return
@@ -231,7 +245,8 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         compile_s = time.monotonic() - t0
         if not res.ok:
             head, full = _sandbox_error(res)
-            service.fail_compile(db, build_key, error=head, log_text=full)
+            service.fail_compile(db, build_key, error=_with_hint(head, res, paths),
+                                 log_text=full)
             return
         assert res.value is not None
         new: list[service.NewArtifact] = []

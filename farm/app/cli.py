@@ -165,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the code to ship with the job: a file, a package directory, or a "
                         "directory of import roots (default: the entrypoint module's own file "
                         "or package, unless it is installed; .gitignore is respected)")
+    p.add_argument("--wheel", dest="wheels", metavar="WHL", action="append", default=[],
+                   help="a wheel of your own to ship with the job (repeatable): the build "
+                        "workers install it with pip --no-deps, so ship its dependencies' "
+                        "wheels too; never torch, triton or the farm")
+    p.add_argument("--requirements", metavar="FILE", default=None,
+                   help="pinned requirements to install on the build workers: every line "
+                        "'name==version', optionally with --hash=sha256:...; binary wheels "
+                        "only, --no-deps")
     p.add_argument("--name", required=True)
     p.add_argument("--version", required=True)
     p.add_argument("--input", "-i", dest="inputs", metavar="SPEC", type=input_spec,

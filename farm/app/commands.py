@@ -123,8 +123,40 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except SpecError as exc:
         raise UsageError(str(exc)) from None
     client = _client(args)
+    wheels = list(getattr(args, "wheels", None) or [])
+    requirements = getattr(args, "requirements", None)
+    from farm.core.wheels import WheelError, check_wheel, parse_pinned
+
     try:
-        job = client.submit(spec, source=plan.source if plan.source is not None else False)
+        # Before anything reaches the farm: a refused wheel or an unpinned
+        # line is the user's to fix, named here (the pack checks again).
+        for w in wheels:
+            check_wheel(w)
+        if requirements is not None:
+            try:
+                text = Path(requirements).read_text()
+            except OSError as exc:
+                raise UsageError(f"--requirements {requirements}: {exc.strerror}") from None
+            parse_pinned(text, source=str(requirements))
+    except WheelError as exc:
+        raise UsageError(str(exc)) from None
+    source = plan.source
+    if (source is not None and getattr(args, "source", None) is None and wheels
+            and plan.entrypoint == args.entrypoint):
+        from farm.core.wheels import top_levels_of
+
+        # The module is one a --wheel provides: the wheel is the code, not
+        # a source tree that happens to lie in the current directory.
+        top = plan.entrypoint.partition(":")[0].split(".")[0]
+        if any(top in top_levels_of(w) for w in wheels):
+            source = None
+    extra: dict[str, Any] = {}
+    if wheels:
+        extra["wheels"] = wheels
+    if requirements is not None:
+        extra["requirements"] = requirements
+    try:
+        job = client.submit(spec, source=source if source is not None else False, **extra)
     except CodePackError as exc:
         raise UsageError(str(exc)) from None
     code = job.get("code")

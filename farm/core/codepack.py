@@ -243,21 +243,55 @@ def collect_files(source: Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
-def pack(source: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> CodePack:
-    """A reproducible pack of ``source`` (see ``collect_files``); raises
-    ``CodePackError`` over ``max_bytes`` or ``MAX_FILES``, naming the largest files."""
-    files = collect_files(Path(source))
+def pack(source: str | os.PathLike[str] | None, *, max_bytes: int = DEFAULT_MAX_BYTES,
+         wheels: Sequence[str | os.PathLike[str]] = (),
+         requirements: str | os.PathLike[str] | None = None) -> CodePack:
+    """A reproducible pack of ``source`` (see ``collect_files``; None: no
+    source, only wheels or requirements) with ``wheels`` under
+    ``farm.core.wheels.WHEELS_DIR`` and the pins of ``requirements``, sorted,
+    as ``REQUIREMENTS_FILE``; raises ``CodePackError`` over ``max_bytes`` or
+    ``MAX_FILES``, naming the largest files, and for a wheel or a pin the
+    farm refuses (``farm.core.wheels``)."""
+    from farm.core import wheels as wh
+
+    files: list[tuple[str, Path | bytes]] = (
+        list(collect_files(Path(source))) if source is not None else [])
+    what = source if source is not None else "the wheels and requirements"
+    if any(n.split("/")[0] == wh.ENV_DIR for n, _ in files):
+        raise CodePackError(f"{source} has a {wh.ENV_DIR} entry, a name the farm keeps for "
+                            "--wheel and --requirements: rename it")
+    try:
+        for w in wheels:
+            name = wh.check_wheel(w)
+            if any(n == f"{wh.WHEELS_DIR}/{name}" for n, _ in files):
+                raise CodePackError(f"wheel {name} is given twice")
+            files.append((f"{wh.WHEELS_DIR}/{name}", Path(w)))
+        if requirements is not None:
+            req = Path(requirements)
+            try:
+                text = req.read_text()
+            except OSError as exc:
+                raise CodePackError(f"--requirements {req}: {exc.strerror}") from None
+            pins = wh.parse_pinned(text, source=str(req))
+            files.append((wh.REQUIREMENTS_FILE, wh.canonical_requirements(pins).encode()))
+    except wh.WheelError as exc:
+        raise CodePackError(str(exc)) from None
+    files.sort(key=lambda f: f[0])
     if not files:
-        raise CodePackError(f"nothing to pack in {source} (everything is ignored?)")
+        raise CodePackError(f"nothing to pack in {what} (everything is ignored?)")
     if len(files) > MAX_FILES:
-        raise CodePackError(f"{source} has {len(files)} files to pack, over {MAX_FILES}: "
+        raise CodePackError(f"{what} has {len(files)} files to pack, over {MAX_FILES}: "
                             "point --source at the model's package, or .gitignore the rest")
-    total = sum(p.stat().st_size for _, p in files)
+
+    def size(f: Path | bytes) -> int:
+        return len(f) if isinstance(f, bytes) else f.stat().st_size
+
+    total = sum(size(p) for _, p in files)
     if total > max_bytes:
-        big = sorted(files, key=lambda f: -f[1].stat().st_size)[:5]
-        listing = ", ".join(f"{n} ({f.stat().st_size / 2**20:.1f} MB)" for n, f in big)
+        big = sorted(files, key=lambda f: -size(f[1]))[:5]
+        listing = ", ".join(f"{n} ({size(f) / 2**20:.1f} MB)" for n, f in big)
         raise CodePackError(
-            f"the code in {source} is {total / 2**20:.1f} MB, over the "
+            f"the code in {what} is {total / 2**20:.1f} MB, over the "
             f"{max_bytes / 2**20:.0f} MB limit for a code pack (CODE_PACK_MAX_BYTES); the "
             f"largest files: {listing}. Weights and data do not travel with the code: "
             ".gitignore them or point --source at the package")
@@ -271,12 +305,15 @@ def pack(source: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) 
                 if d not in dirs:
                     dirs.add(d)
                     tar.addfile(_info(d, tarfile.DIRTYPE, 0o755, 0))
-            data = path.read_bytes()
-            mode = 0o755 if os.access(path, os.X_OK) else 0o644
+            if isinstance(path, bytes):
+                data, mode = path, 0o644
+            else:
+                data = path.read_bytes()
+                mode = 0o755 if os.access(path, os.X_OK) else 0o644
             tar.addfile(_info(name, tarfile.REGTYPE, mode, len(data)), io.BytesIO(data))
     data = buf.getvalue()
     if len(data) > max_bytes:
-        raise CodePackError(f"the pack of {source} is {len(data) / 2**20:.1f} MB, over the "
+        raise CodePackError(f"the pack of {what} is {len(data) / 2**20:.1f} MB, over the "
                             f"{max_bytes / 2**20:.0f} MB limit (CODE_PACK_MAX_BYTES)")
     return CodePack(data=data, digest=hashlib.sha256(data).hexdigest(),
                     files=tuple(n for n, _ in files))

@@ -64,6 +64,11 @@ class Settings(BaseSettings):
     farm_sandbox_uid: int = 65534
     # Largest code pack `farm submit` uploads and the API accepts (bytes).
     code_pack_max_bytes: int = 64 * 1024**2
+    # Where a build worker's pip finds the pins of `farm submit --requirements`
+    # (wheels only): an index URL (default: pip's own configuration, PyPI) and
+    # a directory or URL of wheels; find-links alone means no index at all.
+    farm_pip_index_url: str = ""
+    farm_pip_find_links: str = ""
     max_body_bytes: int = 1_000_000
     # uvicorn's per-request access log ("off" halves the CPU of a cached resolve).
     farm_access_log: bool = True

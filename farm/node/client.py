@@ -313,40 +313,58 @@ class FarmClient:
         return dict(self._request("GET", "/healthz") or {})
 
     def submit(self, spec: JobSpec | Mapping[str, Any], *,
-               source: str | os.PathLike[str] | bool | None = None) -> dict[str, Any]:
+               source: str | os.PathLike[str] | bool | None = None,
+               wheels: Sequence[str | os.PathLike[str]] = (),
+               requirements: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         """Submit a job, with its model's code.
 
         ``source``: the file or directory to ship (``farm.core.codepack``);
         None: the entrypoint module's own file or package, found on disk
-        without importing it, unless it is installed (then nothing is
-        shipped: the farm's workers must have it installed too); False:
-        ship nothing. The pack is uploaded only when the farm lacks it; the
-        answer's ``code`` says what went (None when nothing did).
+        without importing it, unless it is installed or one of ``wheels``
+        provides it (then no source is shipped: the wheel, or the farm's
+        workers' own installation, has it); False: ship no source.
+        ``wheels`` (the user's own ``.whl`` files) and ``requirements`` (a
+        file of ``name==version`` pins, optionally ``--hash``ed) travel in the
+        same pack; the workers install them with ``pip --no-deps``, so their
+        dependencies must be among them too. The pack is uploaded only when
+        the farm lacks it; the answer's ``code`` says what went (None when
+        nothing did).
         """
         from dataclasses import replace
 
         from farm.core.codepack import plan_source
+        from farm.core.wheels import top_levels_of
 
         if not isinstance(spec, JobSpec):
             spec = JobSpec.from_json(spec)
         code: dict[str, Any] | None = None
-        if source is not False and spec.code_digest is None:
-            where = (Path(source) if source not in (None, True) else  # type: ignore[arg-type]
-                     plan_source(spec.model.entrypoint).source)
-            if where is not None:
-                code = self.upload_code(where)
+        if spec.code_digest is None:
+            where: Path | None = None
+            if source not in (None, True, False):
+                where = Path(source)  # type: ignore[arg-type]
+            elif source is not False:
+                top = spec.model.entrypoint.partition(":")[0].split(".")[0]
+                provided = set().union(*(top_levels_of(w) for w in wheels))
+                if top not in provided:
+                    where = plan_source(spec.model.entrypoint).source
+            if where is not None or wheels or requirements is not None:
+                code = self.upload_code(where, wheels=wheels, requirements=requirements)
                 spec = replace(spec, code_digest=code["digest"])
         out = dict(self._request("POST", "/v1/jobs", json=spec.to_json()))
         out["code"] = code
         return out
 
-    def upload_code(self, source: str | os.PathLike[str]) -> dict[str, Any]:
-        """Pack ``source`` reproducibly and upload it unless the farm has that
-        digest already; returns digest, size, files, source and uploaded."""
+    def upload_code(self, source: str | os.PathLike[str] | None, *,
+                    wheels: Sequence[str | os.PathLike[str]] = (),
+                    requirements: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """Pack ``source`` (None: none) with ``wheels`` and ``requirements``
+        reproducibly and upload it unless the farm has that digest already;
+        returns digest, size, files, source and uploaded."""
         from farm.core.codepack import pack
         from farm.core.settings import get_settings
 
-        p = pack(source, max_bytes=get_settings().code_pack_max_bytes)
+        p = pack(source, max_bytes=get_settings().code_pack_max_bytes, wheels=wheels,
+                 requirements=requirements)
         path = f"/v1/code/{p.digest}"
         try:
             self._request("HEAD", path)
@@ -355,8 +373,9 @@ class FarmClient:
             self._request("PUT", path, content=p.data,
                           headers={"Content-Type": "application/x-tar"})
             uploaded = True
+        shipped = [str(x) for x in (source, *wheels, requirements) if x is not None]
         return {"digest": p.digest, "size": p.size, "files": len(p.files),
-                "source": str(source), "uploaded": uploaded}
+                "source": ", ".join(shipped), "uploaded": uploaded}
 
     def job(self, job_id: str) -> dict[str, Any]:
         """A job with each target's build (``farm status``; a ``JobView``):
