@@ -369,9 +369,38 @@ def check_pack_bytes(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list
     """``check_members`` for a pack in memory (the API's check of an upload)."""
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            return check_members(tar, max_bytes=max_bytes)
+            names = check_members(tar, max_bytes=max_bytes)
+            _check_env_entries(tar, names)
+            return names
     except tarfile.TarError as exc:
         raise CodePackError(f"not a code pack (an uncompressed tar): {exc}") from None
+
+
+def _check_env_entries(tar: tarfile.TarFile, names: list[str]) -> None:
+    """The pack's wheels and pins, as ``farm submit`` checks them: a pack
+    uploaded by other means is refused at the upload, not at its first build."""
+    import tempfile
+
+    from farm.core import wheels as wh
+
+    try:
+        for name in names:
+            if name.split("/")[0] != wh.ENV_DIR:
+                continue
+            member = tar.extractfile(name)
+            body = member.read() if member is not None else b""
+            if name == wh.REQUIREMENTS_FILE:
+                wh.parse_pinned(body.decode("utf-8", "replace"), source="its requirements")
+            elif name.startswith(wh.WHEELS_DIR + "/") and name.count("/") == 2:
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp, name.rsplit("/", 1)[1])
+                    path.write_bytes(body)
+                    wh.check_wheel(path)
+            else:
+                raise CodePackError(f"{name}: {wh.ENV_DIR}/ holds only wheels/<name>.whl and "
+                                    "requirements.txt")
+    except wh.WheelError as exc:
+        raise CodePackError(str(exc)) from None
 
 
 def unpack(pack_file: str | os.PathLike[str], dest: str | os.PathLike[str], *,

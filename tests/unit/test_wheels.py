@@ -260,10 +260,23 @@ def test_submit_refuses_unpinned_lines_and_torch_wheels_before_the_farm(
         recorded: RecordingClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     req = tmp_path / "req.txt"
     req.write_text("six==1.16.0\nnumpy>=1.26\n")
-    assert cli_submit("farm.zoo.basic:mlp", "--requirements", str(req)) != 0
+    assert cli_submit("farm.zoo.basic:mlp", "--requirements", str(req)) == 2
     err = capsys.readouterr().err
     assert "line 2: 'numpy>=1.26' is not pinned" in err, err
     w = fake_wheel(tmp_path, "torch-2.13.0-py3-none-any.whl", ["torch/__init__.py"])
-    assert cli_submit("farm.zoo.basic:mlp", "--wheel", str(w)) != 0
+    assert cli_submit("farm.zoo.basic:mlp", "--wheel", str(w)) == 2
     assert "torch is the farm's own" in capsys.readouterr().err
     assert recorded.calls == []
+
+
+def test_an_upload_with_an_unpinned_line_is_refused_naming_it() -> None:
+    from farm.core.codepack import check_pack_bytes
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        body = b"six==1.16.0\nnumpy\n"
+        ti = tarfile.TarInfo(REQUIREMENTS_FILE)
+        ti.size = len(body)
+        tar.addfile(ti, io.BytesIO(body))
+    with pytest.raises(CodePackError, match="line 2: 'numpy' is not pinned"):
+        check_pack_bytes(buf.getvalue())
