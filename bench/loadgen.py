@@ -137,6 +137,10 @@ class _Gen:
                 self.outstanding += 1
                 conn.send(self.next_req(), now)
             return
+        self._serve_or_idle(conn)
+
+    def _serve_or_idle(self, conn: _Conn) -> None:
+        """Give a free connection the oldest scheduled request, or park it."""
         if self.pending:
             self.outstanding += 1
             conn.send(self.next_req(), self.pending.popleft())
@@ -171,13 +175,8 @@ class _Gen:
 
     async def _grow(self) -> None:
         conn = await self.open_conn()
-        if conn is None:
-            return
-        if self.pending:
-            self.outstanding += 1
-            conn.send(self.next_req(), self.pending.popleft())
-        else:
-            self.idle.append(conn)
+        if conn is not None:
+            self._serve_or_idle(conn)
 
     def dispatch(self, t_sched: float) -> None:
         if self.idle:
