@@ -113,7 +113,10 @@ def _with_hint(head: str, res: SandboxResult, paths: list[str]) -> str:
     """A failed import of a job whose pack has wheels or pins says that their
     dependencies were not installed (the commonest cause)."""
     kind = (res.error_type or "").rsplit(".", 1)[-1]
-    if len(paths) > 1 and kind in ("ModuleNotFoundError", "ImportError"):
+    # The entrypoint's own import is a ModelImportError that quotes the cause.
+    missing = kind in ("ModuleNotFoundError", "ImportError") or (
+        kind == "ModelImportError" and "No module named" in (res.error or ""))
+    if len(paths) > 1 and missing:
         return f"{head} ({NO_DEPS_HINT})"
     return head
 

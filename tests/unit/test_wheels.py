@@ -280,3 +280,23 @@ def test_an_upload_with_an_unpinned_line_is_refused_naming_it() -> None:
         tar.addfile(ti, io.BytesIO(body))
     with pytest.raises(CodePackError, match="line 2: 'numpy' is not pinned"):
         check_pack_bytes(buf.getvalue())
+
+
+def test_a_failed_import_of_a_job_with_wheels_says_dependencies_are_not_installed() -> None:
+    from farm.build.codeenv import NO_DEPS_HINT
+    from farm.build.sandbox import SandboxResult
+    from workers.tasks import _with_hint
+
+    def res(kind: str, error: str) -> SandboxResult:
+        return SandboxResult(ok=False, wall_s=1.0, peak_rss_mb=1.0, error_type=kind,
+                             error=error)
+
+    missing = res("farm.core.modelref.ModelImportError",
+                  "cannot import module 'm': ModuleNotFoundError: No module named 'dep'")
+    assert _with_hint("head", missing, ["/code", "/env"]) == f"head ({NO_DEPS_HINT})"
+    assert _with_hint("head", res("builtins.ModuleNotFoundError", "No module named 'dep'"),
+                      ["/code", "/env"]).endswith(f"({NO_DEPS_HINT})")
+    # No wheels or pins in the pack, or another failure: the error as it was.
+    assert _with_hint("head", missing, ["/code"]) == "head"
+    assert _with_hint("head", res("builtins.AttributeError", "no attribute 'mkae'"),
+                      ["/code", "/env"]) == "head"
