@@ -300,3 +300,40 @@ def test_a_failed_import_of_a_job_with_wheels_says_dependencies_are_not_installe
     assert _with_hint("head", missing, ["/code"]) == "head"
     assert _with_hint("head", res("builtins.AttributeError", "no attribute 'mkae'"),
                       ["/code", "/env"]) == "head"
+
+
+def test_the_client_ships_a_wheel_that_provides_the_module_and_no_tree(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import httpx
+
+    from farm.core.specs import JobSpec, ModelRef, parse_inputs
+    from farm.node.client import FarmClient
+
+    have: dict[str, bytes] = {}
+    jobs: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/v1/code/"):
+            digest = request.url.path.rsplit("/", 1)[1]
+            if request.method == "HEAD":
+                return httpx.Response(200 if digest in have else 404)
+            have[digest] = request.content
+            return httpx.Response(201, json={"digest": digest})
+        jobs.append(json.loads(request.content))
+        return httpx.Response(201, json={"id": "j", "state": "queued"})
+
+    (tmp_path / "mynets").mkdir()  # a checkout beside the wheel: not shipped
+    (tmp_path / "mynets" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    w = fake_wheel(tmp_path, "mynets-1.0-py3-none-any.whl", ["mynets/__init__.py"])
+    c = FarmClient(url="http://127.0.0.1:9", token="t", transport=httpx.MockTransport(handler))
+    spec = JobSpec(name="m", version="1", model=ModelRef("mynets:make"),
+                   inputs=parse_inputs(["float32[2,4]"]))
+    out = c.submit(spec, wheels=[w])
+    assert out["code"]["digest"] == pack(None, wheels=[w]).digest == jobs[-1]["code_digest"]
+    with tarfile.open(fileobj=io.BytesIO(have[out["code"]["digest"]])) as tar:
+        assert tar.getnames() == [".farm-env", WHEELS_DIR, f"{WHEELS_DIR}/{w.name}"]
+    # Without the wheel the tree is the code, as before.
+    assert c.submit(spec)["code"]["digest"] == pack(tmp_path / "mynets").digest
