@@ -337,3 +337,40 @@ def test_the_client_ships_a_wheel_that_provides_the_module_and_no_tree(
         assert tar.getnames() == [".farm-env", WHEELS_DIR, f"{WHEELS_DIR}/{w.name}"]
     # Without the wheel the tree is the code, as before.
     assert c.submit(spec)["code"]["digest"] == pack(tmp_path / "mynets").digest
+
+
+def test_a_worker_installs_pins_from_farm_pip_find_links(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's own path from job to sandbox paths (workers.tasks._code_paths),
+    with the farm setting, not the network: the pack's pin is found in the
+    FARM_PIP_FIND_LINKS directory and installed once for the pack's digest."""
+    from farm.core.settings import Settings
+    from farm.core.specs import JobSpec, ModelRef, parse_inputs
+    from workers import context, tasks
+
+    links = tmp_path / "links"
+    links.mkdir()
+    dep = build_wheel(tmp_path / "dep", "helperlib", "2.0", {"helperlib.py": "TWO = 2\n"})
+    dep.rename(links / dep.name)
+    req = tmp_path / "requirements.txt"
+    req.write_text("helperlib==2.0\n")
+    (tmp_path / "mymodel.py").write_text("import helperlib\n")
+    p = pack(tmp_path / "mymodel.py", requirements=req)
+
+    class Store:
+        def get_to_file(self, digest: str, dest: Path) -> None:
+            assert digest == p.digest
+            Path(dest).write_bytes(p.data)
+
+    monkeypatch.setenv("FARM_PIP_FIND_LINKS", str(links))
+    settings = Settings(farm_home=tmp_path / "home")
+    assert settings.farm_pip_find_links == str(links)
+    monkeypatch.setattr(context, "settings", lambda: settings)
+    monkeypatch.setattr(context, "blob_store", lambda: Store())
+    spec = JobSpec(name="m", version="1", model=ModelRef("mymodel:make"),
+                   inputs=parse_inputs(["float32[2,4]"]), code_digest=p.digest)
+    code, site = tasks._code_paths(spec)
+    assert code == str(tmp_path / "home" / "code" / p.digest)
+    assert site == str(tmp_path / "home" / "code-env" / p.digest)
+    assert (Path(site) / "helperlib.py").read_text() == "TWO = 2\n"
+    assert tasks._code_paths(spec) == [code, site]  # once per digest
