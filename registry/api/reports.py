@@ -23,7 +23,11 @@ from .schemas import INPUT_PATTERN, NAME_PATTERN, PROTECTED, TARGET_PATTERN, err
 router = APIRouter(tags=["fleet"], responses=PROTECTED)
 
 ModelName = Annotated[str, Path(max_length=128, json_schema_extra={"pattern": NAME_PATTERN})]
-SinceS = Annotated[float | None, Query(gt=0, description="only reports of the last N seconds")]
+# At most ten years: a larger window is all of them, and a datetime cannot
+# reach back further than year 1 (schemathesis sent 3.6e307 and got a 500).
+MAX_SINCE_S = 10 * 365 * 86400.0
+SinceS = Annotated[float | None, Query(gt=0, le=MAX_SINCE_S,
+                                       description="only reports of the last N seconds")]
 
 
 class ReportIn(BaseModel):
@@ -165,7 +169,7 @@ class PlanIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     target: str = Field(max_length=512, description="a full target or a selector")
-    since_s: float | None = Field(default=None, gt=0)
+    since_s: float | None = Field(default=None, gt=0, le=MAX_SINCE_S)
 
 
 def _plan(state: Any, target: str, since_s: float | None) -> list[coverage.PlannedBuild]:

@@ -147,7 +147,7 @@ def test_status_takes_the_short_id_progress_shows(served: Served) -> None:
     assert job_id in out
     # Too short to name one job: a clear refusal, not a 404 for a job that exists.
     code, _, err = served.farm("status", "zz")
-    assert code == 1 and "no job zz" in err and "farm jobs" in err
+    assert code == 1 and "no job or model 'zz'" in err and "farm jobs" in err
 
 
 def test_jobs_lists_newest_first_and_filters(served: Served) -> None:
