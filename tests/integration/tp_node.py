@@ -83,12 +83,11 @@ def main() -> None:
         steps.append({"loss": float(loss), "loss_ref": float(loss_ref), "grad_err": grad_err,
                       "grad_sum": grad_sum})
     shard = tuple(local(model.linear1.weight).shape)
-    print(json.dumps({"rank": rank, "world_size": world, "digest": artifact["digest"],
-                      "shard": list(shard), "meta_parallel": artifact["meta"].get("parallel"),
-                      "steps": steps}))
-    import torch.distributed as dist
+    from tests.integration.dist_harness import finish_rank
 
-    dist.destroy_process_group()
+    finish_rank({"rank": rank, "world_size": world, "digest": artifact["digest"],
+                 "shard": list(shard), "meta_parallel": artifact["meta"].get("parallel"),
+                 "steps": steps})
 
 
 if __name__ == "__main__":

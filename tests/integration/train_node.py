@@ -93,9 +93,9 @@ def main() -> None:
     result["steps"] = steps
     result["source"] = step.source
     if a.ddp:
-        import torch.distributed as dist
+        from tests.integration.dist_harness import finish_rank
 
-        dist.destroy_process_group()
+        finish_rank(result)
     print(json.dumps(result))
 
 
