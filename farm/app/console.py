@@ -18,6 +18,7 @@ from rich.table import Table
 
 from farm.core.target import Target, TargetError
 from farm.core.text import first_line as _first_line
+from farm.core.text import human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,7 @@ def _print_json(value: Any) -> None:
 
 
 def _human_size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover
+    return human_bytes(n, missing="?")
 
 
 def _short_target(text: str) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from farm.core import attest
+from farm.core import attest, text
 from registry.entities import ArtifactRecord
 
 
@@ -125,14 +125,7 @@ def short_time(iso: str | None) -> str:
 
 
 def human_bytes(n: int | None) -> str:
-    if n is None:
-        return ""
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover - the loop always returns
+    return text.human_bytes(n, missing="")
 
 
 def json_text(value: Any) -> str:
