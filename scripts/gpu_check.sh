@@ -5,7 +5,12 @@
 #   2. builds on the H200 through an embedded farm (bench/gpu_farm.py), each
 #      artifact verified in a fresh process;
 #   3. the cold-start benchmark against that farm (bench/coldstart.py --device
-#      cuda), median of 3 rounds, inference and training fleet paths.
+#      cuda), median of 3 rounds, inference and training fleet paths;
+#   4. in `all`, with what the budget leaves: the big-model build
+#      (bench/big_model_build.py: weights larger than the build's GPU memory
+#      limit), started beside the builds of 2 since it measures memory, not time,
+#      and the shared-compile-cache benchmark (bench/build_cost.py --device
+#      cuda) after the cold start, since it measures time.
 #
 #   scripts/gpu_check.sh             all three in one run (about 11 minutes)
 #   scripts/gpu_check.sh start       `all` detached (its own session), then return
@@ -51,7 +56,8 @@ OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check-$PHASE.log") 2>&1
 # One phase's budget; `all` gets both.
-BUDGET=${GPU_CHECK_BUDGET_S:-$([ "$PHASE" = all ] && echo 1020 || echo 570)}
+BUDGET=${GPU_CHECK_BUDGET_S:-$([ "$PHASE" = all ] && echo 1380 || echo 570)}
+EXTRAS_S=$([ "$PHASE" = all ] && echo "${GPU_CHECK_EXTRAS_S:-330}" || echo 0)   # build_cost's share
 COLDSTART_MIN_S=${COLDSTART_MIN_S:-$([ "$PHASE" = build ] && echo 0 || echo 240)}   # 3 rounds, ~70 s each
 JOBS=${GPU_JOBS:-bench-default bench-autotune bench-train}
 HOME_DIR=/tmp/farm-gpu
@@ -97,7 +103,13 @@ if [ "$PHASE" != coldstart ]; then
   echo "toolchain rc=$? (${SECONDS} s into the run)"
 
   # 2. Builds.
-  FARM_S=$(( $(left) - COLDSTART_MIN_S - 10 ))
+  if [ "$PHASE" = all ]; then
+    echo "== big-model build, beside the builds (its own 400 s limit)"
+    timeout 400 python3 bench/big_model_build.py --out "$OUT/big_model_build-cuda.txt" \
+      >"$OUT/big_model_build.log" 2>&1 &
+    BIG_PID=$!
+  fi
+  FARM_S=$(( $(left) - COLDSTART_MIN_S - EXTRAS_S - 10 ))
   echo "== builds: $JOBS (budget ${FARM_S} s)"
   # shellcheck disable=SC2086
   timeout "$FARM_S" python3 bench/gpu_farm.py --out "$OUT" --home "$HOME_DIR" --keep \
@@ -115,14 +127,15 @@ if [ "$PHASE" != coldstart ]; then
   fi
 fi
 
-# 3. Cold start, if the farm is up and its builds ended.
+# 3. Cold start, if the farm is up and its builds ended; alone on the machine.
+if [ -n "${BIG_PID:-}" ]; then wait "$BIG_PID"; echo "big_model_build rc=$?"; fi
 URL=$(cat "$HOME_DIR/url" 2>/dev/null)
 if [ -z "$URL" ] || ! python3 -c "import sys, urllib.request
 urllib.request.urlopen(sys.argv[1] + '/healthz', timeout=5)" "$URL" 2>/dev/null; then
   echo "cold start skipped: no farm answering at ${URL:-(no url file)}"
   exit 1
 fi
-CS_S=$(( $(left) - 15 ))
+CS_S=$(( $(left) - EXTRAS_S - 15 ))
 # The cold start's fleet rows: the jobs built (GPU_JOBS trims both).
 INFER=() TRAIN=()
 for j in $JOBS; do
@@ -135,3 +148,11 @@ timeout "$CS_S" python3 bench/coldstart.py --device cuda --model bench --repeats
   ${TRAIN[@]:+--farm-train-models "${TRAIN[@]}" --agent} --skip megacache jit-autotune \
   --budget-s $((CS_S - 10))
 echo "coldstart rc=$?"
+
+if [ "$PHASE" = all ]; then
+  stop_farm   # build_cost times builds: nothing else on the machine
+  echo "== build_cost (budget $(( $(left) - 10 )) s)"
+  timeout $(( $(left) - 10 )) python3 bench/build_cost.py --device cuda \
+    --out "$OUT/build_cost-cuda.txt"
+  echo "build_cost rc=$?"
+fi
