@@ -37,8 +37,14 @@ DETACHED=/tmp/gpu_check-detached   # where a detached `all` writes, across calls
 case "$PHASE" in
   all|build|coldstart) ;;
   start)
-    rm -rf "$DETACHED" && mkdir -p "$DETACHED"
-    OUT="$DETACHED" setsid nohup bash "$0" all >"$DETACHED/nohup.out" 2>&1 </dev/null &
+    # The run works from its own copy of the tree: the device tool re-sends
+    # (replaces) the carried tree at every call, and the `wait` call would
+    # delete the files under a run started in it (seen: build_cost.py missing
+    # 800 s into the run, 2026-12-01).
+    rm -rf "$DETACHED" && mkdir -p "$DETACHED/tree"
+    cp -a . "$DETACHED/tree/"
+    OUT="$DETACHED" setsid nohup bash "$DETACHED/tree/scripts/gpu_check.sh" all \
+      >"$DETACHED/nohup.out" 2>&1 </dev/null &
     echo $! >"$DETACHED/pid"
     echo "gpu_check all started detached (pid $!), writing to $DETACHED"
     exit 0;;
