@@ -183,19 +183,9 @@ def worker_signer() -> BuildSigner:
                                      source=s.farm_builder_key)
 
 
-def attest_artifact(
-    *,
-    digest: str,
-    size: int,
-    fmt: str,
-    build_key: str,
-    fingerprint: str,
-    spec: JobSpec,
-    target: Target,
-    meta: Mapping[str, Any] | None = None,
-    verification: Mapping[str, Any] | None = None,
-) -> str:
-    """The envelope a compile worker stores with an artifact that passed verification."""
-    return worker_signer().sign(digest=digest, size=size, fmt=fmt, build_key=build_key,
-                                fingerprint=fingerprint, spec=spec, target=target, meta=meta,
-                                verification=verification)
+def attest_artifact(**fields: Any) -> str:
+    """The envelope a compile worker stores with an artifact that passed
+    verification: ``fields`` are ``build_statement``'s (digest, size, fmt,
+    build_key, fingerprint, spec, target, meta, verification), signed with
+    this worker's key and identity."""
+    return worker_signer().sign(**fields)

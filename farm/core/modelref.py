@@ -73,39 +73,26 @@ class ModelBuildError(ModelError):
 def load_callable(entrypoint: str) -> Callable[..., Any]:
     """``'pkg.mod:attr.sub'`` -> the callable it names."""
     module_name, sep, attr_path = entrypoint.partition(":")
+
+    def refused(message: str, traceback_text: str = "") -> ModelImportError:
+        return ModelImportError(message, module=module_name, attribute=attr_path,
+                                traceback_text=traceback_text)
+
     if not sep or not module_name or not attr_path:
-        raise ModelImportError(
-            f"bad entrypoint {entrypoint!r}: expected 'package.module:callable'",
-            module=module_name,
-            attribute=attr_path,
-        )
+        raise refused(f"bad entrypoint {entrypoint!r}: expected 'package.module:callable'")
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:  # the user's module body can raise anything
-        raise ModelImportError(
-            f"cannot import module {module_name!r} of entrypoint {entrypoint!r}: "
-            f"{type(exc).__name__}: {exc}",
-            module=module_name,
-            attribute=attr_path,
-            traceback_text=traceback.format_exc(),
-        ) from exc
+        raise refused(f"cannot import module {module_name!r} of entrypoint {entrypoint!r}: "
+                      f"{type(exc).__name__}: {exc}", traceback.format_exc()) from exc
     for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError as exc:
-            raise ModelImportError(
-                f"module {module_name!r} has no attribute {attr_path!r} "
-                f"(entrypoint {entrypoint!r})",
-                module=module_name,
-                attribute=attr_path,
-                traceback_text=traceback.format_exc(),
-            ) from exc
+            raise refused(f"module {module_name!r} has no attribute {attr_path!r} "
+                          f"(entrypoint {entrypoint!r})", traceback.format_exc()) from exc
     if not callable(obj):
-        raise ModelImportError(
-            f"{entrypoint!r} is a {type(obj).__name__}, not a callable",
-            module=module_name,
-            attribute=attr_path,
-        )
+        raise refused(f"{entrypoint!r} is a {type(obj).__name__}, not a callable")
     return obj
 
 
