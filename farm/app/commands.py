@@ -10,6 +10,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from farm.app.console import (
     _job_lines,
     _print_json,
     _short_target,
+    answer,
     concise_error,
     stages,
 )
@@ -173,10 +175,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 print(f"farm: warning: {job['warning']}", file=sys.stderr)
         return EXIT_OK
     view = _watch(client, str(job["id"]), args.timeout)
-    if args.json:
-        _print_json(view)
-    else:
-        print("\n".join(_job_lines(view)))
+    answer(args, view, _job_lines)
     if view.get("state") != "succeeded":
         # On stderr, for whoever reads only that: the same short line as above.
         failed = [b for b in view.get("builds") or [] if b.get("state") not in
@@ -245,10 +244,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return model_status(args, args.job_id)  # a hex-looking model name
     if args.wait and view.get("state") not in ("succeeded", "failed", "partial"):
         view = _watch(client, str(view["id"]), args.timeout)
-    if args.json:
-        _print_json(view)
-    else:
-        print("\n".join(_job_lines(view, with_log=args.log)))
+    answer(args, view, lambda v: _job_lines(v, with_log=args.log))
     state = view.get("state")
     if state in ("failed", "partial"):
         # A script that checks `farm status` must see a failed job fail.
@@ -256,24 +252,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_jobs(args: argparse.Namespace) -> int:
-    jobs = _client(args).jobs(state=args.state, model=args.model, limit=args.limit)
-    if args.json:
-        _print_json(jobs)
-        return EXIT_OK
+def _jobs_lines(jobs: list[dict[str, Any]], *, state: str | None,
+                model: str | None) -> Iterator[str]:
     if not jobs:
-        print("no jobs" + (f" in state {args.state}" if args.state else "")
-              + (f" of {args.model}" if args.model else ""))
+        yield ("no jobs" + (f" in state {state}" if state else "")
+               + (f" of {model}" if model else ""))
     for j in jobs:
         builds = ", ".join(
             f"{_short_target(str(b.get('target')))}: {b.get('stage') or b.get('state')}"
             for b in j.get("builds") or [])
         when = str(j.get("created_at") or "")[:19].replace("T", " ")
-        print(f"{j['id']}  {when}  {j.get('model')}@{j.get('version')}  {j.get('state')}"
-              + (f"  [{builds}]" if builds else ""))
+        yield (f"{j['id']}  {when}  {j.get('model')}@{j.get('version')}  {j.get('state')}"
+               + (f"  [{builds}]" if builds else ""))
         if j.get("error"):
-            print(f"    error: {_first_line(j['error'])}")
-    return EXIT_OK
+            yield f"    error: {_first_line(j['error'])}"
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    jobs = _client(args).jobs(state=args.state, model=args.model, limit=args.limit)
+    return answer(args, jobs, lambda js: _jobs_lines(js, state=args.state, model=args.model))
 
 
 def _resolve(args: argparse.Namespace, client: Any) -> dict[str, Any]:
@@ -325,12 +322,7 @@ def _artifact_lines(resolved: dict[str, Any]) -> list[str]:
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
-    resolved = _resolve(args, _client(args))
-    if args.json:
-        _print_json(resolved)
-    else:
-        print("\n".join(_artifact_lines(resolved)))
-    return EXIT_OK
+    return answer(args, _resolve(args, _client(args)), _artifact_lines)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -374,97 +366,85 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
     started = time.monotonic()
     path = client.fetch(resolved)
     a = resolved["artifact"]
-    if args.json:
-        _print_json({**resolved, "path": str(path)})
-    else:
-        print(f"cached {resolved.get('model')}@{resolved.get('version')} sha256:{a['digest'][:12]} "
-              f"({a.get('format')}, {_human_size(a.get('size'))}) at {path} in "
-              f"{time.monotonic() - started:.1f} s")
-    return EXIT_OK
+    return answer(args, {**resolved, "path": str(path)}, lambda r: [
+        f"cached {r.get('model')}@{r.get('version')} sha256:{a['digest'][:12]} "
+        f"({a.get('format')}, {_human_size(a.get('size'))}) at {path} in "
+        f"{time.monotonic() - started:.1f} s"])
 
 
-def cmd_models(args: argparse.Namespace) -> int:
-    models = _client(args).models()
-    if args.json:
-        _print_json(models)
-        return EXIT_OK
+def _models_lines(models: list[dict[str, Any]]) -> Iterator[str]:
     if not models:
-        print("no models")
+        yield "no models"
     for m in models:
         aliases = m.get("aliases") or {}
         alias_text = ", ".join(f"{k}->{v}" for k, v in sorted(aliases.items())) \
             if isinstance(aliases, dict) else ", ".join(map(str, aliases))
-        print(f"{m.get('name')}" + (f"  ({alias_text})" if alias_text else ""))
+        yield f"{m.get('name')}" + (f"  ({alias_text})" if alias_text else "")
         for v in m.get("versions") or []:
             # kwargs shown: two versions of one entrypoint may differ by them alone.
             kwargs = json.dumps(v.get("kwargs") or {}, sort_keys=True, separators=(",", ":"))
-            print(f"  {v.get('version')}  {v.get('entrypoint')}  {kwargs}  "
-                  f"{v.get('artifacts', 0)} artifact(s)")
-    return EXIT_OK
+            yield (f"  {v.get('version')}  {v.get('entrypoint')}  {kwargs}  "
+                   f"{v.get('artifacts', 0)} artifact(s)")
 
 
-def cmd_targets(args: argparse.Namespace) -> int:
-    body = _client(args).targets()
-    if args.json:
-        _print_json(body)
-        return EXIT_OK
+def cmd_models(args: argparse.Namespace) -> int:
+    return answer(args, _client(args).models(), _models_lines)
+
+
+def _targets_lines(body: Any) -> Iterator[str]:
     items = body.get("targets", body) if isinstance(body, dict) else body
     if not items:
-        print("no live compile workers")
+        yield "no live compile workers"
     for t in items or []:
         if isinstance(t, dict):
             extra = {k: v for k, v in t.items() if k != "target"}
-            print(f"{t.get('target')}" + (f"  {json.dumps(extra, default=str)}" if extra else ""))
+            yield f"{t.get('target')}" + (f"  {json.dumps(extra, default=str)}" if extra else "")
         else:
-            print(t)
-    return EXIT_OK
+            yield str(t)
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    return answer(args, _client(args).targets(), _targets_lines)
 
 
 def cmd_alias_set(args: argparse.Namespace) -> int:
     body = _client(args).set_alias(args.name, args.alias, args.version)
-    if args.json:
-        _print_json(body)
-        return EXIT_OK
+    moved = f"{args.name}@{args.alias} -> {args.version}"
     previous = body.get("previous")
     if previous and previous != args.version:
-        print(f"{args.name}@{args.alias} -> {args.version} (was {previous}; roll back with "
-              f"`farm alias set {args.name} {args.alias} {previous}`)")
-    else:
-        print(f"{args.name}@{args.alias} -> {args.version}")
-    return EXIT_OK
+        moved += (f" (was {previous}; roll back with "
+                  f"`farm alias set {args.name} {args.alias} {previous}`)")
+    return answer(args, body, lambda _: [moved])
 
 
-def cmd_alias_list(args: argparse.Namespace) -> int:
-    body = _client(args).aliases(args.name, history=args.history)
-    if args.json:
-        _print_json(body)
-        return EXIT_OK
+def _alias_lines(body: dict[str, Any], *, name: str, history: bool) -> Iterator[str]:
     now = body.get("aliases") or []
     if not now:
-        print(f"{args.name} has no aliases (`farm alias set {args.name} prod VERSION`)")
+        yield f"{name} has no aliases (`farm alias set {name} prod VERSION`)"
     for a in now:
-        print(f"{args.name}@{a['alias']} -> {a['version']}")
-    if args.history:
+        yield f"{name}@{a['alias']} -> {a['version']}"
+    if history:
         events = body.get("history") or []
         if events:
-            print("history, newest first:")
+            yield "history, newest first:"
         for e in events:
             when = str(e.get("at") or "")[:19].replace("T", " ")
             move = (f"{e.get('previous')} -> {e['version']}" if e.get("previous")
                     else f"set to {e['version']}") if e.get("version") else \
                 f"deleted (was {e.get('previous')})"
             who = f"  by {e['actor']}" if e.get("actor") else ""
-            print(f"  {when}  {e['alias']}: {move}{who}")
-    return EXIT_OK
+            yield f"  {when}  {e['alias']}: {move}{who}"
+
+
+def cmd_alias_list(args: argparse.Namespace) -> int:
+    body = _client(args).aliases(args.name, history=args.history)
+    return answer(args, body, lambda b: _alias_lines(b, name=args.name, history=args.history))
 
 
 def cmd_alias_rm(args: argparse.Namespace) -> int:
     body = _client(args).delete_alias(args.name, args.alias)
-    if args.json:
-        _print_json(body)
-    else:
-        print(f"deleted {args.name}@{args.alias} (it pointed at {body.get('version')})")
-    return EXIT_OK
+    return answer(args, body, lambda b: [
+        f"deleted {args.name}@{args.alias} (it pointed at {b.get('version')})"])
 
 
 def _deleted_lines(body: dict[str, Any]) -> list[str]:
@@ -498,11 +478,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     else:
         body = client.delete_model(args.name, force=args.force)
         title = f"deleted model {args.name}"
-    if args.json:
-        _print_json(body)
-    else:
-        print("\n".join([title, *_deleted_lines(body)]))
-    return EXIT_OK
+    return answer(args, body, lambda b: [title, *_deleted_lines(b)])
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
@@ -530,36 +506,28 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_salt(args: argparse.Namespace) -> int:
-    answer = _client(args).new_cache_salt(args.target)
-    if args.json:
-        _print_json(answer)
-    else:
-        print(f"{answer['target']}: compile cache salt {answer['old_salt']} -> "
-              f"{answer['salt']}; its builds start from an empty shared cache")
-    return EXIT_OK
+    return answer(args, _client(args).new_cache_salt(args.target), lambda a: [
+        f"{a['target']}: compile cache salt {a['old_salt']} -> {a['salt']}; its builds start "
+        "from an empty shared cache"])
+
+
+def _tokens_lines(tokens: list[dict[str, Any]]) -> Iterator[str]:
+    if not tokens:
+        yield "no tokens (besides FARM_ADMIN_TOKEN, which is never stored)"
+    for t in tokens:
+        when = str(t.get("created_at") or "")[:19].replace("T", " ")
+        yield f"{t['name']}  {t['role']}  created {when}" + ("  REVOKED" if t.get("revoked")
+                                                             else "")
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
-    tokens = _client(args).tokens(revoked=args.revoked)
-    if args.json:
-        _print_json(tokens)
-        return EXIT_OK
-    if not tokens:
-        print("no tokens (besides FARM_ADMIN_TOKEN, which is never stored)")
-    for t in tokens:
-        when = str(t.get("created_at") or "")[:19].replace("T", " ")
-        print(f"{t['name']}  {t['role']}  created {when}" + ("  REVOKED" if t.get("revoked")
-                                                              else ""))
-    return EXIT_OK
+    return answer(args, _client(args).tokens(revoked=args.revoked), _tokens_lines)
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
     n = _client(args).revoke_token(args.name)
-    if args.json:
-        _print_json({"name": args.name, "revoked": n})
-    else:
-        print(f"revoked {n} token(s) named {args.name!r} (effective within a few seconds)")
-    return EXIT_OK
+    return answer(args, {"name": args.name, "revoked": n}, lambda _: [
+        f"revoked {n} token(s) named {args.name!r} (effective within a few seconds)"])
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -632,13 +600,9 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
     pub = out.with_name(out.name + ".pub")
     pub.write_text(public)
     kid = attest.keyid(public)
-    if args.json:
-        _print_json({"private_key": str(out), "public_key": str(pub), "keyid": kid})
-    else:
-        print(f"{out}  (private, 0600; keep it {args.keep_note})")
-        print(f"{pub}  (public)")
-        print(f"keyid {kid}")
-    return EXIT_OK
+    return answer(args, {"private_key": str(out), "public_key": str(pub), "keyid": kid},
+                  lambda _: [f"{out}  (private, 0600; keep it {args.keep_note})",
+                             f"{pub}  (public)", f"keyid {kid}"])
 
 
 def cmd_keys_enroll(args: argparse.Namespace) -> int:
@@ -654,37 +618,29 @@ def cmd_keys_enroll(args: argparse.Namespace) -> int:
         pem = client.keys()["name_key"]["public_key"]
     else:
         raise UsageError("--public-key FILE is needed for a builder key")
-    rec = client.enroll_key(args.name, args.role, pem)
-    if args.json:
-        _print_json(rec)
-    else:
-        print(f"enrolled {rec['role']} key {rec['keyid']} ({rec['name']}); nodes trust it once "
-              "`farm keys sign-trust-list --root-key ROOT.pem` has signed a list with it")
-    return EXIT_OK
+    return answer(args, client.enroll_key(args.name, args.role, pem), lambda rec: [
+        f"enrolled {rec['role']} key {rec['keyid']} ({rec['name']}); nodes trust it once "
+        "`farm keys sign-trust-list --root-key ROOT.pem` has signed a list with it"])
 
 
-def cmd_keys_list(args: argparse.Namespace) -> int:
-    body = _client(args).keys()
-    if args.json:
-        _print_json(body)
-        return EXIT_OK
+def _keys_lines(body: dict[str, Any]) -> Iterator[str]:
     for k in body.get("keys", []):
         state = f"revoked {k['revoked_at']}: {k.get('revoked_reason') or ''}" \
             if k.get("revoked_at") else "enrolled"
-        print(f"{k['keyid'][:16]}  {k['role']:<8} {k['name']}  ({state})")
+        yield f"{k['keyid'][:16]}  {k['role']:<8} {k['name']}  ({state})"
     nk = body.get("name_key") or {}
-    print(f"API name key: {str(nk.get('keyid'))[:16]}")
-    return EXIT_OK
+    yield f"API name key: {str(nk.get('keyid'))[:16]}"
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    return answer(args, _client(args).keys(), _keys_lines)
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     rec = _client(args).revoke_key(args.keyid, reason=args.reason or "")
-    if args.json:
-        _print_json(rec)
-    else:
-        print(f"revoked {rec['keyid']} ({rec['name']}); nodes refuse it once the next trust "
-              "list is signed: `farm keys sign-trust-list --root-key ROOT.pem`")
-    return EXIT_OK
+    return answer(args, rec, lambda r: [
+        f"revoked {r['keyid']} ({r['name']}); nodes refuse it once the next trust list is "
+        "signed: `farm keys sign-trust-list --root-key ROOT.pem`"])
 
 
 def cmd_keys_sign_trust_list(args: argparse.Namespace) -> int:
@@ -718,13 +674,11 @@ def cmd_keys_sign_trust_list(args: argparse.Namespace) -> int:
         args.output.write_text(_json_text(envelope))
     if not args.no_upload:
         client.put_trust_list(envelope)
-    if args.json:
-        _print_json({"version": payload["version"], "expires": payload["expires"],
-                     "root_keyid": attest.keyid(root)})
-    else:
-        print(f"trust list version {payload['version']} signed by root {attest.keyid(root)[:16]}"
-              f", expires {payload['expires']}" + ("" if args.no_upload else "; uploaded"))
-    return EXIT_OK
+    signed = {"version": payload["version"], "expires": payload["expires"],
+              "root_keyid": attest.keyid(root)}
+    return answer(args, signed, lambda s: [
+        f"trust list version {s['version']} signed by root {s['root_keyid'][:16]}, expires "
+        f"{s['expires']}" + ("" if args.no_upload else "; uploaded")])
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -746,10 +700,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
            "model": v.model, "version": v.version, "alias": v.alias, "build_key": v.build_key,
            "builder_keyid": v.builder_keyid, "trust_list_version": v.trust_list_version,
            "target": str(v.request.target)}
-    if args.json:
-        _print_json(out)
-    else:
-        print(f"{path}: ok  {v.model}@{v.version}" + (f" ({v.alias})" if v.alias else "")
-              + f"  sha256:{v.digest[:16]}  {v.format}  built by key {v.builder_keyid[:16]}, "
-              f"trust list v{v.trust_list_version}")
-    return EXIT_OK
+    return answer(args, out, lambda _: [
+        f"{path}: ok  {v.model}@{v.version}" + (f" ({v.alias})" if v.alias else "")
+        + f"  sha256:{v.digest[:16]}  {v.format}  built by key {v.builder_keyid[:16]}, "
+        f"trust list v{v.trust_list_version}"])

@@ -7,6 +7,7 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich import box
@@ -36,6 +37,17 @@ class CommandFailed(Exception):
 def _print_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
+
+
+def answer(args: Any, value: Any, lines: Callable[[Any], Iterable[str]]) -> int:
+    """A command's result on stdout: ``value`` as one JSON document with
+    ``--json``, else ``lines(value)`` for people, one a line; EXIT_OK."""
+    if args.json:
+        _print_json(value)
+    else:
+        for line in lines(value):
+            print(line)
+    return EXIT_OK
 
 
 def _human_size(n: int | None) -> str:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from typing import Any
 
-from farm.app.console import EXIT_OK, CommandFailed, _print_json, _short_target
+from farm.app.console import EXIT_OK, CommandFailed, _print_json, _short_target, answer
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -32,18 +33,37 @@ def _miss_lines(rows: list[dict[str, Any]], *, with_model: bool) -> list[str]:
     return out
 
 
+def _misses_lines(rows: list[dict[str, Any]], *, model: str | None) -> Iterator[str]:
+    if not rows:
+        yield "no misses reported" + (f" for {model}" if model else "")
+        return
+    yield f"{'count':>6}  {'kind':<13} what"
+    yield from _miss_lines(rows, with_model=True)
+
+
 def cmd_misses(args: argparse.Namespace) -> int:
     body = _client(args).misses(args.model, since_s=args.since, limit=args.limit)
-    if args.json:
-        _print_json(body)
-        return EXIT_OK
-    rows = body.get("misses") or []
-    if not rows:
-        print("no misses reported" + (f" for {args.model}" if args.model else ""))
-        return EXIT_OK
-    print(f"{'count':>6}  {'kind':<13} what")
-    print("\n".join(_miss_lines(rows, with_model=True)))
-    return EXIT_OK
+    return answer(args, body, lambda b: _misses_lines(b.get("misses") or [], model=args.model))
+
+
+def _model_status_lines(name: str, model: dict[str, Any], reports: dict[str, Any],
+                        policy: dict[str, Any]) -> Iterator[str]:
+    aliases = model.get("aliases") or {}
+    yield f"{name}  build on miss: {'on' if policy.get('build_on_miss') else 'off'}"
+    for v in model.get("versions") or []:
+        tags = [a for a, ver in sorted(aliases.items()) if ver == v.get("version")]
+        yield (f"  {v.get('version')}: {v.get('artifacts')} artifact(s)"
+               + (f"  ({', '.join(tags)})" if tags else ""))
+    counts = reports.get("counts") or {}
+    yield "node reports: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in
+                                       ("load", "miss", "guard_failure", "fallback"))
+    misses = reports.get("misses") or []
+    if misses:
+        yield "misses:"
+        yield from ("  " + line for line in _miss_lines(misses, with_model=False))
+    for b in policy.get("miss_builds") or []:
+        yield (f"built on miss: {b['version']} {b['inputs']} on {_short_target(b['target'])} "
+               f"-> job {str(b.get('job_id') or '?')[:8]}")
 
 
 def model_status(args: argparse.Namespace, name: str) -> int:
@@ -53,49 +73,30 @@ def model_status(args: argparse.Namespace, name: str) -> int:
     if model is None:
         raise CommandFailed(f"no job or model {name!r}: `farm jobs` and `farm models` list them")
     reports = client.model_reports(name, since_s=getattr(args, "since", None))
-    policy = client.policy(name)
-    if args.json:
-        _print_json({"model": model, "reports": reports, "policy": policy})
-        return EXIT_OK
-    aliases = model.get("aliases") or {}
-    print(f"{name}  build on miss: {'on' if policy.get('build_on_miss') else 'off'}")
-    for v in model.get("versions") or []:
-        tags = [a for a, ver in sorted(aliases.items()) if ver == v.get("version")]
-        print(f"  {v.get('version')}: {v.get('artifacts')} artifact(s)"
-              + (f"  ({', '.join(tags)})" if tags else ""))
-    counts = reports.get("counts") or {}
-    print("node reports: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in
-                                       ("load", "miss", "guard_failure", "fallback")))
-    misses = reports.get("misses") or []
-    if misses:
-        print("misses:")
-        print("\n".join("  " + line for line in _miss_lines(misses, with_model=False)))
-    for b in policy.get("miss_builds") or []:
-        print(f"built on miss: {b['version']} {b['inputs']} on {_short_target(b['target'])} "
-              f"-> job {str(b.get('job_id') or '?')[:8]}")
-    return EXIT_OK
+    status = {"model": model, "reports": reports, "policy": client.policy(name)}
+    return answer(args, status, lambda s: _model_status_lines(name, **s))
+
+
+def _coverage_lines(name: str, body: dict[str, Any]) -> Iterator[str]:
+    for v in body.get("versions") or []:
+        tags = f"  ({', '.join(v['aliases'])})" if v.get("aliases") else ""
+        yield f"{name}@{v['version']}{tags}"
+        if not v.get("covers"):
+            yield "  covers nothing yet (no artifacts)"
+        for c in v.get("covers") or []:
+            opts = ",".join(f"{k}={val}" for k, val in sorted(c["options"].items()))
+            yield (f"  {c['inputs']} ({c['grad_mode']}{', dynamic' if c['dynamic'] else ''})  "
+                   f"on {_short_target(c['target'])}  [{', '.join(c['formats'])}]  {opts}")
+        for u in v.get("uncovered") or []:
+            yield (f"  NOT COVERED: {u['inputs']} ({u['grad_mode']}) on "
+                   f"{_short_target(u['target'])}: asked {u['count']}x, rejected: "
+                   f"{', '.join(u['codes'])}" + (f"; {u['hint']}" if u.get("hint") else ""))
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
     name, version = args.model
-    body = _client(args).coverage(name, version)
-    if args.json:
-        _print_json(body)
-        return EXIT_OK
-    for v in body.get("versions") or []:
-        tags = f"  ({', '.join(v['aliases'])})" if v.get("aliases") else ""
-        print(f"{name}@{v['version']}{tags}")
-        if not v.get("covers"):
-            print("  covers nothing yet (no artifacts)")
-        for c in v.get("covers") or []:
-            opts = ",".join(f"{k}={val}" for k, val in sorted(c["options"].items()))
-            print(f"  {c['inputs']} ({c['grad_mode']}{', dynamic' if c['dynamic'] else ''})  "
-                  f"on {_short_target(c['target'])}  [{', '.join(c['formats'])}]  {opts}")
-        for u in v.get("uncovered") or []:
-            print(f"  NOT COVERED: {u['inputs']} ({u['grad_mode']}) on "
-                  f"{_short_target(u['target'])}: asked {u['count']}x, rejected: "
-                  f"{', '.join(u['codes'])}" + (f"; {u['hint']}" if u.get("hint") else ""))
-    return EXIT_OK
+    return answer(args, _client(args).coverage(name, version),
+                  lambda body: _coverage_lines(name, body))
 
 
 def _policy_lines(p: dict[str, Any]) -> list[str]:
@@ -112,12 +113,7 @@ def _policy_lines(p: dict[str, Any]) -> list[str]:
 
 
 def cmd_policy_show(args: argparse.Namespace) -> int:
-    p = _client(args).policy(args.model)
-    if args.json:
-        _print_json(p)
-    else:
-        print("\n".join(_policy_lines(p)))
-    return EXIT_OK
+    return answer(args, _client(args).policy(args.model), _policy_lines)
 
 
 def cmd_policy_set(args: argparse.Namespace) -> int:
@@ -126,11 +122,7 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
                             "--min-interval S")
     p = _client(args).set_policy(args.model, build_on_miss=args.build_on_miss,
                                  min_interval_s=args.min_interval)
-    if args.json:
-        _print_json(p)
-    else:
-        print("\n".join(_policy_lines(p)))
-    return EXIT_OK
+    return answer(args, p, _policy_lines)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
