@@ -7,22 +7,25 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from farm.app.subcommands import arg, command
+
 
 def add_parsers(sub: Any) -> None:
-    p = sub.add_parser("agent", help="a warm node agent: forks `farm run` scripts with torch, "
-                       "Dynamo and Inductor already imported")
-    p.add_argument("--socket", type=Path, default=None, metavar="PATH",
-                   help="the unix socket (default: $FARM_AGENT_SOCKET, "
-                   "$XDG_RUNTIME_DIR/farm-agent.sock, else agent.sock in the node's cache "
-                   "dir); one agent per socket: per node, or per GPU")
-    p.set_defaults(func=cmd_agent)
-
-    p = sub.add_parser("run", help="run `python SCRIPT ARGS...` in a fork of the node agent "
-                       "(runs it directly when no agent answers)")
-    p.add_argument("--agent", type=Path, default=None, metavar="PATH",
-                   help="the agent's socket (default: as `farm agent`'s)")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- python SCRIPT ARGS...")
-    p.set_defaults(func=cmd_run)
+    command(sub, "agent", cmd_agent,
+            "a warm node agent: forks `farm run` scripts with torch, Dynamo and Inductor "
+            "already imported",
+            arg("--socket", type=Path, default=None, metavar="PATH",
+                help="the unix socket (default: $FARM_AGENT_SOCKET, "
+                     "$XDG_RUNTIME_DIR/farm-agent.sock, else agent.sock in the node's cache "
+                     "dir); one agent per socket: per node, or per GPU"),
+            json=False)
+    command(sub, "run", cmd_run,
+            "run `python SCRIPT ARGS...` in a fork of the node agent (runs it directly when no "
+            "agent answers)",
+            arg("--agent", type=Path, default=None, metavar="PATH",
+                help="the agent's socket (default: as `farm agent`'s)"),
+            arg("command", nargs=argparse.REMAINDER, metavar="-- python SCRIPT ARGS..."),
+            json=False)
 
 
 def cmd_agent(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from farm.app.console import EXIT_OK, CommandFailed, _print_json, _short_target, answer
+from farm.app.subcommands import arg, command, group
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -154,46 +155,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def add_parsers(sub: Any, *, add_json: Any, model_ref: Any) -> None:
+def add_parsers(sub: Any, *, model_ref: Any) -> None:
     """The commands' parsers, on the CLI's subparsers."""
-    p = sub.add_parser("misses", help="what fleet nodes did not get from the farm (their "
-                                      "reports), most frequent first")
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL")
-    p.add_argument("--since", type=float, default=None, metavar="S",
-                   help="only the last S seconds")
-    p.add_argument("--limit", type=int, default=50, metavar="N")
-    add_json(p)
-    p.set_defaults(func=cmd_misses)
+    command(sub, "misses", cmd_misses,
+            "what fleet nodes did not get from the farm (their reports), most frequent first",
+            arg("model", nargs="?", default=None, metavar="MODEL"),
+            arg("--since", type=float, default=None, metavar="S", help="only the last S seconds"),
+            arg("--limit", type=int, default=50, metavar="N"))
+    command(sub, "coverage", cmd_coverage,
+            "what each version's artifacts serve, and what nodes asked for that none does",
+            arg("model", type=model_ref, metavar="MODEL[@VERSION]"))
 
-    p = sub.add_parser("coverage", help="what each version's artifacts serve, and what nodes "
-                                        "asked for that none does")
-    p.add_argument("model", type=model_ref, metavar="MODEL[@VERSION]")
-    add_json(p)
-    p.set_defaults(func=cmd_coverage)
+    policy = group(sub, "policy", "a model's fleet policy (build on miss)", dest="policy_command")
+    command(policy, "show", cmd_policy_show, "MODEL's policy and its recent builds on miss",
+            arg("model", metavar="MODEL"))
+    command(policy, "set", cmd_policy_set, "turn build on miss on or off for MODEL",
+            arg("model", metavar="MODEL"),
+            arg("--build-on-miss", dest="build_on_miss", action="store_true", default=None,
+                help="a miss nodes report (a known version on a live target, or a shape no "
+                     "artifact covers) starts a build"),
+            arg("--no-build-on-miss", dest="build_on_miss", action="store_false"),
+            arg("--min-interval", type=float, default=None, metavar="S",
+                help="at most one build on miss per S seconds for this model (default 60)"))
 
-    p = sub.add_parser("policy", help="a model's fleet policy (build on miss)")
-    policy_sub = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
-    a = policy_sub.add_parser("show", help="MODEL's policy and its recent builds on miss")
-    a.add_argument("model", metavar="MODEL")
-    add_json(a)
-    a.set_defaults(func=cmd_policy_show)
-    a = policy_sub.add_parser("set", help="turn build on miss on or off for MODEL")
-    a.add_argument("model", metavar="MODEL")
-    a.add_argument("--build-on-miss", dest="build_on_miss", action="store_true", default=None,
-                   help="a miss nodes report (a known version on a live target, or a shape "
-                        "no artifact covers) starts a build")
-    a.add_argument("--no-build-on-miss", dest="build_on_miss", action="store_false")
-    a.add_argument("--min-interval", type=float, default=None, metavar="S",
-                   help="at most one build on miss per S seconds for this model (default 60)")
-    add_json(a)
-    a.set_defaults(func=cmd_policy_set)
-
-    p = sub.add_parser("plan", help="the builds a target needs so every model and alias the "
-                                    "fleet uses is covered there (e.g. a new torch)")
-    p.add_argument("--target", required=True, metavar="SELECTOR",
-                   help="a full target, or a selector such as 'cpu/torch=2.14.0+cpu'")
-    p.add_argument("--submit", action="store_true", help="submit the builds")
-    p.add_argument("--since", type=float, default=None, metavar="S",
-                   help="count only node reports of the last S seconds")
-    add_json(p)
-    p.set_defaults(func=cmd_plan)
+    command(sub, "plan", cmd_plan,
+            "the builds a target needs so every model and alias the fleet uses is covered there "
+            "(e.g. a new torch)",
+            arg("--target", required=True, metavar="SELECTOR",
+                help="a full target, or a selector such as 'cpu/torch=2.14.0+cpu'"),
+            arg("--submit", action="store_true", help="submit the builds"),
+            arg("--since", type=float, default=None, metavar="S",
+                help="count only node reports of the last S seconds"))
