@@ -8,6 +8,7 @@ try/except ladders and no error can escape as a bare 500 with a traceback.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -28,10 +29,50 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = "5"
 
+Handler = Callable[[Request, Exception], Awaitable[JSONResponse]]
+
 
 def error(status: int, detail: str, headers: dict[str, str] | None = None,
           **extra: Any) -> JSONResponse:
     return JSONResponse({"detail": detail, **extra}, status_code=status, headers=headers)
+
+
+def _retry_later(detail: str) -> JSONResponse:
+    """A 503 the client may retry: something the farm needs is down for now."""
+    return error(503, detail, {"Retry-After": RETRY_AFTER_S})
+
+
+# Errors answered with a status and a message and nothing else.
+ANSWERS: tuple[tuple[type[Exception], int, Callable[[Any], str]], ...] = (
+    (NotFound, 404, str),
+    (BlobNotFound, 404, str),
+    (InvalidRequest, 422, str),
+    (SpecError, 422, str),
+    (TargetError, 422, str),
+    (SchemaOutOfDate, 503, str),
+    (Conflict, 409, lambda exc: f"conflict: {_first_line(exc)}"),
+    # A value the database cannot hold (a NUL character in a name, an id or a
+    # message; a number out of range): the request's fault, and the
+    # transaction was rolled back, so nothing changed.
+    (DataError, 422, lambda exc: f"invalid value: {_first_line(exc.orig or exc)}"),
+)
+
+
+def _answer(status: int, message: Callable[[Any], str]) -> Handler:
+    async def handler(_: Request, exc: Exception) -> JSONResponse:
+        return error(status, message(exc))
+
+    return handler
+
+
+def _down(what: str, *, logged_as: str) -> Handler:
+    """``what`` (a service the farm needs) is down: logged, and a 503 to retry."""
+
+    async def handler(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("%s: %s", logged_as, exc)
+        return _retry_later(f"{what} unavailable: {_first_line(exc)}")
+
+    return handler
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -59,68 +100,27 @@ def install(app: FastAPI) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return error(exc.status, exc.message, headers)
 
-    @app.exception_handler(NotFound)
-    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
-        return error(404, str(exc))
+    for exc_type, status, message in ANSWERS:
+        app.add_exception_handler(exc_type, _answer(status, message))
 
-    @app.exception_handler(BlobNotFound)
-    async def _blob_not_found(_: Request, exc: BlobNotFound) -> JSONResponse:
-        return error(404, str(exc))
-
-    @app.exception_handler(InvalidRequest)
-    async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
-        return error(422, str(exc))
-
-    @app.exception_handler(SpecError)
-    async def _spec(_: Request, exc: SpecError) -> JSONResponse:
-        return error(422, str(exc))
-
-    @app.exception_handler(TargetError)
-    async def _target(_: Request, exc: TargetError) -> JSONResponse:
-        return error(422, str(exc))
-
-    @app.exception_handler(Conflict)
-    async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
-        return error(409, f"conflict: {_first_line(exc)}")
-
-    # The database is down or was cut: a 503 the client may retry, never a 500.
-    # The engine's pool (pre-ping on PostgreSQL) reconnects on the next request.
-    @app.exception_handler(DatabaseUnavailable)
-    async def _db_down(_: Request, exc: DatabaseUnavailable) -> JSONResponse:
-        log.warning("database unavailable: %s", exc)
-        return error(503, f"database unavailable: {_first_line(exc)}",
-                     {"Retry-After": RETRY_AFTER_S})
+    # The database (or the blob store) is down or was cut: a 503 the client may
+    # retry, never a 500. The engine's pool (pre-ping on PostgreSQL) reconnects
+    # on the next request.
+    app.add_exception_handler(DatabaseUnavailable,
+                              _down("database", logged_as="database unavailable"))
+    app.add_exception_handler(BlobStoreError, _down("blob store", logged_as="blob store error"))
 
     @app.exception_handler(OperationalError)
     async def _db_operational(_: Request, exc: OperationalError) -> JSONResponse:
         log.warning("database error: %s", _first_line(exc.orig or exc))
-        return error(503, f"database unavailable: {_first_line(exc.orig or exc)}",
-                     {"Retry-After": RETRY_AFTER_S})
+        return _retry_later(f"database unavailable: {_first_line(exc.orig or exc)}")
 
     @app.exception_handler(DBAPIError)
     async def _db_api(_: Request, exc: DBAPIError) -> JSONResponse:
         if exc.connection_invalidated:
-            return error(503, f"database connection lost: {_first_line(exc.orig or exc)}",
-                         {"Retry-After": RETRY_AFTER_S})
+            return _retry_later(f"database connection lost: {_first_line(exc.orig or exc)}")
         log.error("database error", exc_info=exc)
         return error(500, f"database error: {_first_line(exc.orig or exc)}")
-
-    # A value the database cannot hold (a NUL character in a name, an id or a
-    # message; a number out of range): the request's fault, and the
-    # transaction was rolled back, so nothing changed.
-    @app.exception_handler(DataError)
-    async def _db_data(_: Request, exc: DataError) -> JSONResponse:
-        return error(422, f"invalid value: {_first_line(exc.orig or exc)}")
-
-    @app.exception_handler(SchemaOutOfDate)
-    async def _schema(_: Request, exc: SchemaOutOfDate) -> JSONResponse:
-        return error(503, str(exc))
-
-    @app.exception_handler(BlobStoreError)
-    async def _blob_store(_: Request, exc: BlobStoreError) -> JSONResponse:
-        log.warning("blob store error: %s", exc)
-        return error(503, f"blob store unavailable: {_first_line(exc)}",
-                     {"Retry-After": RETRY_AFTER_S})
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:

@@ -51,30 +51,37 @@ class Metrics:
         self.registry.register(FarmCollector(state))
 
 
+def _up(name: str, what: str, ok: bool) -> GaugeMetricFamily:
+    """``name`` 1 if the last scrape could read ``what``, else 0."""
+    up = GaugeMetricFamily(name, f"1 if the last scrape could read {what}")
+    up.add_metric([], 1 if ok else 0)
+    return up
+
+
+def _by_state(name: str, doc: str, known: tuple[str, ...],
+              counts: dict[str, int]) -> GaugeMetricFamily:
+    """A gauge per state: every known one (0 when none), then any other counted."""
+    family = GaugeMetricFamily(name, doc, labels=["state"])
+    for st in sorted(set(known) | set(counts)):
+        family.add_metric([st], counts.get(st, 0))
+    return family
+
+
 class FarmCollector(Collector):
     def __init__(self, state: AppState) -> None:
         self.state = state
         self._redis: Any = None
 
     def collect(self) -> Iterator[Any]:
-        up = GaugeMetricFamily("farm_database_up", "1 if the last scrape could read the database")
         try:
             counts = service.counts(self.state.db)
         except Exception as exc:  # a scrape must still answer while the database is down
             log.warning("metrics: database unreadable: %s", exc)
-            up.add_metric([], 0)
-            yield up
+            yield _up("farm_database_up", "the database", False)
             return
-        up.add_metric([], 1)
-        yield up
-        jobs = GaugeMetricFamily("farm_jobs", "Jobs by state", labels=["state"])
-        for st in sorted(set(JOB_STATES) | set(counts["jobs"])):
-            jobs.add_metric([st], counts["jobs"].get(st, 0))
-        yield jobs
-        builds = GaugeMetricFamily("farm_builds", "Builds by state", labels=["state"])
-        for st in sorted(set(BUILD_STATES) | set(counts["builds"])):
-            builds.add_metric([st], counts["builds"].get(st, 0))
-        yield builds
+        yield _up("farm_database_up", "the database", True)
+        yield _by_state("farm_jobs", "Jobs by state", JOB_STATES, counts["jobs"])
+        yield _by_state("farm_builds", "Builds by state", BUILD_STATES, counts["builds"])
         yield GaugeMetricFamily("farm_artifacts", "Artifacts stored", value=counts["artifacts"])
         yield CounterMetricFamily("farm_resolve_misses_recorded",
                                   "Resolve misses recorded in the database (all replicas)",
@@ -99,7 +106,6 @@ class FarmCollector(Collector):
         broker = self.state.settings.resolved_broker_url()
         if not broker.startswith(("redis://", "rediss://", "unix://")):
             return  # other brokers (the embedded SQLite one) have no cheap LLEN
-        up = GaugeMetricFamily("farm_broker_up", "1 if the last scrape could read the broker")
         depth = GaugeMetricFamily("farm_queue_depth", "Messages waiting in each queue",
                                   labels=["queue"])
         try:
@@ -116,9 +122,7 @@ class FarmCollector(Collector):
                 depth.add_metric([name], int(n))
         except Exception as exc:
             log.warning("metrics: broker unreadable: %s", exc)
-            up.add_metric([], 0)
-            yield up
+            yield _up("farm_broker_up", "the broker", False)
             return
-        up.add_metric([], 1)
-        yield up
+        yield _up("farm_broker_up", "the broker", True)
         yield depth

@@ -86,16 +86,23 @@ def parse_grad_mode(text: str) -> GradMode:
         raise SpecError(f"unknown grad_mode {text!r}; known: inference, training") from None
 
 
+def _json_param(name: str, text: str, example: str) -> Any:
+    """A query parameter that holds JSON; the error names it and shows ``example``."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise SpecError(f"{name} must be a JSON object, e.g. {example}: {exc}") from None
+
+
+_OPTIONS_EXAMPLE = '{"mode": "default"}'
+
+
 def parse_options(text: str | None) -> CompileOptions | None:
     if text is None:
         return None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise SpecError(f"options must be a JSON object, e.g. {{\"mode\": \"default\"}}: "
-                        f"{exc}") from None
+    data = _json_param("options", text, _OPTIONS_EXAMPLE)
     if not isinstance(data, dict):
-        raise SpecError("options must be a JSON object, e.g. {\"mode\": \"default\"}")
+        raise SpecError(f"options must be a JSON object, e.g. {_OPTIONS_EXAMPLE}")
     return CompileOptions.from_json(data)
 
 
@@ -103,12 +110,8 @@ def parse_layout(text: str | None) -> MeshLayout | None:
     """The node's world size and mesh, as JSON (``MeshLayout.to_json``)."""
     if text is None:
         return None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise SpecError(f"layout must be a JSON object, e.g. {{\"world_size\": 2, "
-                        f"\"mesh_shape\": [2]}}: {exc}") from None
-    return MeshLayout.from_json(data)
+    return MeshLayout.from_json(
+        _json_param("layout", text, '{"world_size": 2, "mesh_shape": [2]}'))
 
 
 def parse_formats(formats: list[str] | None) -> list[str] | None:
