@@ -75,21 +75,30 @@ def target_serves(built: Target, node: Target) -> bool:
 
 
 @dataclass(frozen=True)
-class Need:
-    """What a node asked for: (inputs, grad mode) of a model version on a target."""
+class VersionUse:
+    """A model version called with these input specs in this grad mode: what a
+    need, a planned build and a build on miss (``miss_builds``) are about."""
 
     model: str
     version: str
     inputs: tuple[TensorSpec, ...]
     grad_mode: GradMode
+
+    def use_key(self) -> tuple[str, str, str, str]:
+        return (self.model, self.version, format_inputs(self.inputs), self.grad_mode.value)
+
+
+@dataclass(frozen=True)
+class Need(VersionUse):
+    """What a node asked for: (inputs, grad mode) of a model version on a target."""
+
     target: Target | None = None  # None: any target the plan names
     options: CompileOptions | None = None
     count: int = 1
     source: str = "reports"
 
     def key(self) -> tuple[str, str, str, str, str]:
-        return (self.model, self.version, format_inputs(self.inputs), self.grad_mode.value,
-                self.options.canonical() if self.options else "")
+        return (*self.use_key(), self.options.canonical() if self.options else "")
 
 
 def uncovered(records: Sequence[ArtifactRecord], needs: Iterable[Need]) -> list[dict[str, Any]]:
@@ -112,13 +121,9 @@ def uncovered(records: Sequence[ArtifactRecord], needs: Iterable[Need]) -> list[
 
 
 @dataclass(frozen=True)
-class PlannedBuild:
+class PlannedBuild(VersionUse):
     """One build an upgrade plan asks for."""
 
-    model: str
-    version: str
-    inputs: tuple[TensorSpec, ...]
-    grad_mode: GradMode
     options: CompileOptions
     target: str  # a full target, or the selector as given when none is live
     why: tuple[str, ...] = field(default=())

@@ -21,14 +21,14 @@ from typing import Any
 
 from sqlalchemy import or_, select, update
 
-from farm.core.specs import GradMode, TensorSpec, format_inputs
+from farm.core.specs import GradMode, TensorSpec
 from farm.core.target import Target
 from registry import models as m
 from registry import resolver
 from registry.db import Conflict, Database
 from registry.entities import ArtifactRecord
 from registry.service.common import NotFound, _now
-from registry.service.coverage import target_serves
+from registry.service.coverage import VersionUse, target_serves
 
 # A report kind that says the node ran without an artifact for what it asked.
 MISS_KINDS = ("miss", "guard_failure")
@@ -38,18 +38,13 @@ MISS_KINDS = ("miss", "guard_failure")
 
 
 @dataclass(frozen=True)
-class MissBuild:
+class MissBuild(VersionUse):
     """The build one miss asks for."""
 
-    model: str
-    version: str
-    inputs: tuple[TensorSpec, ...]
-    grad_mode: GradMode
     target: Target  # a live compile worker's target, which the node loads
 
     def key(self) -> tuple[str, str, str, str, str]:
-        return (self.model, self.version, format_inputs(self.inputs), self.grad_mode.value,
-                str(self.target))
+        return (*self.use_key(), str(self.target))
 
 
 def decide(*, model: str, version: str | None, inputs: tuple[TensorSpec, ...],
