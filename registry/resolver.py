@@ -247,20 +247,23 @@ def _major_minor(version: str | None) -> str | None:
     return ".".join(version.split(".")[:2])
 
 
-def check(
-    artifact: ArtifactRecord,
-    *,
-    target: Target,
-    inputs: Sequence[TensorSpec],
-    grad_mode: GradMode,
-    options: CompileOptions | None = None,
-    formats: Sequence[str] | None = None,
-    libstdcxx: Collection[str] | None = None,
-    layout: MeshLayout | None = None,
-    rank: int | None = None,
-) -> tuple[str, str] | None:
+@dataclass(frozen=True)
+class Request:
+    """What a node states about itself and asks for (``resolve``'s arguments)."""
+
+    target: Target
+    inputs: Sequence[TensorSpec]
+    grad_mode: GradMode
+    options: CompileOptions | None = None
+    formats: Sequence[str] | None = None
+    libstdcxx: Collection[str] | None = None
+    layout: MeshLayout | None = None
+    rank: int | None = None
+
+
+def check(artifact: ArtifactRecord, request: Request) -> tuple[str, str] | None:
     """``(code, reason)`` for the first rule ``artifact`` breaks, or None if it loads."""
-    a = artifact.target
+    a, target, formats = artifact.target, request.target, request.formats
     if artifact.format not in FORMATS:
         return FORMAT, MSG_UNKNOWN_FORMAT.format(format=artifact.format, known=", ".join(FORMATS))
     if formats is not None and artifact.format not in formats:
@@ -308,27 +311,29 @@ def check(
         if target.threads is None:
             return THREADS, MSG_THREADS_NODE_UNKNOWN.format(artifact=a.threads)
         return THREADS, MSG_THREADS.format(artifact=a.threads, node=target.threads)
-    if libstdcxx is not None and artifact.libstdcxx_needs:
-        missing = missing_versions(artifact.libstdcxx_needs, libstdcxx)
+    if request.libstdcxx is not None and artifact.libstdcxx_needs:
+        missing = missing_versions(artifact.libstdcxx_needs, request.libstdcxx)
         if missing:
-            glibcxx = [v for v in libstdcxx_versions(libstdcxx) if v.startswith("GLIBCXX_")]
+            glibcxx = [v for v in libstdcxx_versions(request.libstdcxx)
+                       if v.startswith("GLIBCXX_")]
             return LIBSTDCXX, MSG_LIBSTDCXX.format(
                 missing=", ".join(missing), cxx=artifact.cxx or "an unrecorded compiler",
                 newest=glibcxx[-1] if glibcxx else "none")
 
-    if artifact.grad_mode != grad_mode:
-        return GRAD_MODE, MSG_GRAD_MODE.format(artifact=artifact.grad_mode, requested=grad_mode)
-    problem = _layout_problem(artifact, layout, rank)
+    if artifact.grad_mode != request.grad_mode:
+        return GRAD_MODE, MSG_GRAD_MODE.format(artifact=artifact.grad_mode,
+                                               requested=request.grad_mode)
+    problem = _layout_problem(artifact, request.layout, request.rank)
     if problem is not None:
         return LAYOUT, problem
-    if options is not None and artifact.options != options:
+    if request.options is not None and artifact.options != request.options:
         return OPTIONS, MSG_OPTIONS.format(
-            artifact=artifact.options.canonical(), requested=options.canonical()
+            artifact=artifact.options.canonical(), requested=request.options.canonical()
         )
-    if not inputs_cover(artifact.inputs, inputs):
+    if not inputs_cover(artifact.inputs, request.inputs):
         return INPUTS, MSG_INPUTS.format(
             artifact=format_inputs(artifact.inputs) or "(none)",
-            requested=format_inputs(inputs) or "(none)",
+            requested=format_inputs(request.inputs) or "(none)",
         )
     return None
 
@@ -449,20 +454,11 @@ def resolve(
             raise ValueError(
                 f"unknown formats requested: {', '.join(unknown)}; known: {', '.join(FORMATS)}"
             )
+    request = Request(target, inputs, grad_mode, options, formats, libstdcxx, layout, rank)
     accepted: list[ArtifactRecord] = []
     rejected: list[Rejection] = []
     for artifact in candidates:
-        problem = check(
-            artifact,
-            target=target,
-            inputs=inputs,
-            grad_mode=grad_mode,
-            options=options,
-            formats=formats,
-            libstdcxx=libstdcxx,
-            layout=layout,
-            rank=rank,
-        )
+        problem = check(artifact, request)
         if problem is None:
             accepted.append(artifact)
         else:

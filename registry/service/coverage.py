@@ -70,8 +70,8 @@ def _probe(target: Target) -> ArtifactRecord:
 def target_serves(built: Target, node: Target) -> bool:
     """Whether an artifact built on ``built`` loads on ``node`` (the resolver's
     target rules: device, python, torch, CUDA, Triton, GPU, ISA, threads)."""
-    return resolver.check(_probe(built), target=node, inputs=(),
-                          grad_mode=GradMode.INFERENCE) is None
+    request = resolver.Request(target=node, inputs=(), grad_mode=GradMode.INFERENCE)
+    return resolver.check(_probe(built), request) is None
 
 
 @dataclass(frozen=True)
