@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +60,7 @@ from farm.build.aoti_support import (
     portable_march,
     reproducible_cache_dir,
 )
+from farm.build.cpu_kernels import record_loaded_kernels
 from farm.build.fake_weights import (
     WEIGHTS_AUTO,
     WEIGHTS_EMPTY,
@@ -87,6 +87,7 @@ from farm.core.modelref import (
 from farm.core.parallel import build_mesh, fake_group, parallelize, replicate
 from farm.core.specs import GradMode, JobSpec, call_args, canonical_json
 from farm.core.torch_compat import enable_aot_compile
+from farm.node.bundle import write_bundle
 from farm.node.loader import AOTI_META_KEY, FORMAT_AOT_COMPILE, FORMAT_AOTI, _describe, call_module
 from farm.node.weight_check import MANIFEST_KEY
 
@@ -215,62 +216,70 @@ def compile_artifacts(
             raise CompileError(why)
         wanted = tuple(f for f in wanted if f != FORMAT_AOTI)
         skipped[FORMAT_AOTI] = why
-    common = {
-        "device": target_device,
-        "torch": torch.__version__,
-        "grad_mode": spec.grad_mode.value,
-        "mode": spec.options.mode,
-        "backend": spec.options.backend,
-        "inputs": [str(s) for s in spec.inputs],
-        "threads": torch.get_num_threads(),
-        "global_state": global_state(spec.grad_mode),
-        # How the weights were made (farm.build.fake_weights), and the
-        # manifest the node checks its module against before the first call.
-        "weights": weights.to_json(),
-    }
-    manifest = manifest_of(spec, model)
-    if manifest is not None:
-        common[MANIFEST_KEY] = manifest
-    if spec.model.train is not None:
-        from farm.core.training import OPTIMIZER_STEP
+    # The kernel libraries (and Inductor's ISA probes) a CPU build loads from
+    # its own cache, to ship in the aot_compile artifact (farm.build.cpu_kernels).
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-        # What the node needs to run the step (its loss, targets, optimizer),
-        # and that the optimizer step is not in the artifact, and why.
-        common["train"] = spec.model.train.to_json()
-        common["optimizer_step"] = OPTIMIZER_STEP
-    if spec.options.parallel is not None:
-        # What a node's rank process needs: its group's layout, and that the
-        # graph computes mesh coordinates at run time (any rank loads it).
-        common["parallel"] = {**spec.options.parallel.to_json(), "compile_on_one_rank": True,
-                              "built_as": "rank 0 of a fake process group"}
-    if device.type == "cpu":
-        common["cpu_isa"] = detect_cpu_isa()
-    common["cxx"] = cxx_identity()
-    out: list[CompiledArtifact] = []
-    for fmt in wanted:
-        path = out_dir / ARTIFACT_FILES[fmt]
-        t0 = time.perf_counter()
-        try:
-            if fmt == FORMAT_AOT_COMPILE:
-                meta = compile_aot(spec, model, device, path, weights=weights)
-            else:
-                meta = compile_aoti(spec, model, device, path)
-        except AOTIUnsupported as exc:
-            if explicit:
-                raise
-            log.warning("no AOTI package for %s: %s", spec.name, exc)
-            skipped[fmt] = str(exc)
-            failed[fmt] = str(exc)
-            continue
-        meta = {
-            **common,
-            **meta,
-            "format": fmt,
-            "compile_s": round(time.perf_counter() - t0, 3),
-            "size": path.stat().st_size,
-            "sha256": sha256_file(path),
+    record_under = (Path(cache_dir()) if device.type == "cpu" and weights.mode != WEIGHTS_FAKE
+                    else None)
+    with record_loaded_kernels(record_under) as recorded:
+        kernels = recorded if record_under is not None else None
+        common = {
+            "device": target_device,
+            "torch": torch.__version__,
+            "grad_mode": spec.grad_mode.value,
+            "mode": spec.options.mode,
+            "backend": spec.options.backend,
+            "inputs": [str(s) for s in spec.inputs],
+            "threads": torch.get_num_threads(),
+            "global_state": global_state(spec.grad_mode),
+            # How the weights were made (farm.build.fake_weights), and the
+            # manifest the node checks its module against before the first call.
+            "weights": weights.to_json(),
         }
-        out.append(CompiledArtifact(path=path, format=fmt, meta=meta))
+        manifest = manifest_of(spec, model)
+        if manifest is not None:
+            common[MANIFEST_KEY] = manifest
+        if spec.model.train is not None:
+            from farm.core.training import OPTIMIZER_STEP
+
+            # What the node needs to run the step (its loss, targets, optimizer),
+            # and that the optimizer step is not in the artifact, and why.
+            common["train"] = spec.model.train.to_json()
+            common["optimizer_step"] = OPTIMIZER_STEP
+        if spec.options.parallel is not None:
+            # What a node's rank process needs: its group's layout, and that the
+            # graph computes mesh coordinates at run time (any rank loads it).
+            common["parallel"] = {**spec.options.parallel.to_json(), "compile_on_one_rank": True,
+                                  "built_as": "rank 0 of a fake process group"}
+        if device.type == "cpu":
+            common["cpu_isa"] = detect_cpu_isa()
+        common["cxx"] = cxx_identity()
+        out: list[CompiledArtifact] = []
+        for fmt in wanted:
+            path = out_dir / ARTIFACT_FILES[fmt]
+            t0 = time.perf_counter()
+            try:
+                if fmt == FORMAT_AOT_COMPILE:
+                    meta = compile_aot(spec, model, device, path, weights=weights, kernels=kernels)
+                else:
+                    meta = compile_aoti(spec, model, device, path)
+            except AOTIUnsupported as exc:
+                if explicit:
+                    raise
+                log.warning("no AOTI package for %s: %s", spec.name, exc)
+                skipped[fmt] = str(exc)
+                failed[fmt] = str(exc)
+                continue
+            meta = {
+                **common,
+                **meta,
+                "format": fmt,
+                "compile_s": round(time.perf_counter() - t0, 3),
+                "size": path.stat().st_size,
+                "sha256": sha256_file(path),
+            }
+            out.append(CompiledArtifact(path=path, format=fmt, meta=meta))
     if skipped:
         for art in out:
             art.meta["aoti_skipped"] = skipped.get(FORMAT_AOTI)
@@ -458,7 +467,11 @@ def mode_options(mode: str) -> dict[str, Any]:
 
 
 def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
-                weights: WeightsPlan | None = None) -> dict[str, Any]:
+                weights: WeightsPlan | None = None,
+                kernels: list[Path] | None = None) -> dict[str, Any]:
+    """``kernels``: the list a ``record_loaded_kernels`` around this build
+    fills (CPU); what it holds once a warm-up call has run ships in the
+    artifact."""
     fake = weights is not None and weights.mode == WEIGHTS_FAKE
     if fake:
         assert weights is not None
@@ -481,17 +494,20 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
     if aot is None:
         raise CompileError(f"torch {torch.__version__} has no aot_compile on compiled functions")
     t0 = time.perf_counter()
-    tune_dir = None
-    if device.type == "cuda" and not fake:
-        # (A fake-weight build cannot run its kernels: nothing to tune here.)
-        # The autotuning results to ship are collected from this process's
-        # Inductor cache. It must be the build's own and set before the process
-        # starts (the compile worker does: farm.build.steps.compile_env): Inductor's
-        # kernel-compile subprocesses start with torch and keep the cache dir
-        # they were born with, so changing it here would lose their results.
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    # What ships beside torch's bytes (farm.node.bundle) comes from this
+    # process's Inductor cache. It must be the build's own and set before the
+    # process starts (the compile worker does: farm.build.steps.compile_env):
+    # Inductor's kernel-compile subprocesses start with torch and keep the
+    # cache dir they were born with, so changing it here would lose their
+    # results. CUDA: the autotuning results of a warm-up (a fake-weight build
+    # cannot run its kernels: nothing to tune). CPU: the kernel libraries a
+    # warm-up call loads (aot_compile compiles them in worker processes and
+    # loads them only when the graph first runs), so that nodes need not
+    # compile them again.
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-        tune_dir = Path(cache_dir())
+    cache_root = Path(cache_dir())
+    tune = device.type == "cuda" and not fake
     with grad_context(spec.grad_mode), _regional(spec, model) as regions:
         try:
             compiled_fn = aot((args, kwargs))
@@ -511,15 +527,33 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
             compiled_fn.save_compiled_function(str(path), external_data=external)
         else:
             compiled_fn.save_compiled_function(str(path))
-        tuned = 0
-        if tune_dir is not None:
+        configs: list[Path] = []
+        if tune:
             t1 = time.perf_counter()
             warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
-            tuned = bundle_autotune(path, tune_dir)
-            log.info("tuned %d kernels on the target in %.1f s", tuned, time.perf_counter() - t1)
+            configs = list(cache_root.rglob("*.best_config"))
+            log.info("tuned %d kernels on the target in %.1f s", len(configs),
+                     time.perf_counter() - t1)
+        elif kernels is not None:
+            try:
+                warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
+            except Exception as exc:  # the artifact stands; nodes compile the kernels
+                log.warning("CPU warm-up failed, no kernels shipped: %s", exc)
+                kernels = None
+    bundle_meta = {}
+    if kernels:
+        from torch._inductor import config as inductor_config
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        bundle_meta["cpp_compiler"] = get_cpp_compiler()
+        bundle_meta["precompiled_headers"] = bool(inductor_config.cpp_cache_precompile_headers)
+    shipped = write_bundle(path, cache_root, {"autotune/": configs, "kernels/": kernels or []},
+                           meta=bundle_meta)
     return {
         # Kernels whose autotuning result ships inside the artifact.
-        "autotune_configs": tuned,
+        "autotune_configs": shipped["autotune/"],
+        # Compiled CPU kernel libraries inside it (a node loads them, no g++).
+        **({"cpu_kernels": shipped["kernels/"]} if device.type == "cpu" else {}),
         **({"autotune": "not run on the builder: a fake-weight build has no weights to run "
             "its kernels with (kernels with several configs tune at a node's first call)"}
            if fake and device.type == "cuda" else {}),
@@ -579,32 +613,6 @@ def warm_up(compiled_fn: Callable[..., Any], args: Sequence[Any], grad_mode: Gra
             torch.autograd.backward([t.float().sum() for t in leaves])
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def bundle_autotune(path: Path, cache: Path) -> int:
-    """Rewrite ``path`` as a bundle of torch's bytes and the ``.best_config``
-    files the warm-up wrote; a plain artifact when nothing was tuned."""
-    import zipfile
-
-    from farm.node.loader import BUNDLE_ARTIFACT, BUNDLE_AUTOTUNE_DIR
-
-    configs = sorted(p for p in cache.rglob("*.best_config") if p.is_file())
-    if not configs:
-        return 0
-    tmp = path.with_suffix(".bundle")
-    # Stored, not deflated: torch's bytes are mostly compressed cubins already,
-    # and a fixed date keeps equal inputs byte-equal.
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
-        info = zipfile.ZipInfo(BUNDLE_ARTIFACT, date_time=(1980, 1, 1, 0, 0, 0))
-        zf.writestr(info, path.read_bytes())
-        for p in configs:
-            rel = p.relative_to(cache).as_posix()
-            zf.writestr(
-                zipfile.ZipInfo(BUNDLE_AUTOTUNE_DIR + rel, date_time=(1980, 1, 1, 0, 0, 0)),
-                p.read_bytes(),
-            )
-    os.replace(tmp, path)
-    return len(configs)
 
 
 # --- AOTInductor ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ def compile_env(build_dir: str | Path) -> dict[str, str]:
     the C++ compiler this worker chose (``farm.build.toolchain``), named
     rather than left to the inherited ``CXX``."""
     from farm.build.toolchain import current_compiler
+    from farm.core.cpu_isa import isa_check_env
 
     env = {
         "TORCHINDUCTOR_CACHE_DIR": str(Path(build_dir) / "inductor-cache"),
@@ -44,6 +45,9 @@ def compile_env(build_dir: str | Path) -> dict[str, str]:
     cxx = current_compiler()
     if cxx is not None:
         env["CXX"] = cxx
+    # Inductor's ISA test compiles, when this machine's checked pick is known
+    # (farm.core.cpu_isa.isa_checks_redundant): 10 g++ runs per build child.
+    env.update(isa_check_env())
     return env
 
 

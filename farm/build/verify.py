@@ -40,6 +40,7 @@ from typing import Any
 
 from farm.build.compile_watch import CompileWatch, autotuned_in, compiled_in
 from farm.build.sandbox import Isolation, compilers_on_path, run_isolated, without_compilers
+from farm.core.cpu_isa import isa_check_env
 from farm.core.specs import Dim, GradMode, JobSpec, TensorSpec, call_args
 
 SEED = 1234  # weights and inputs of a verification run; any fixed value will do
@@ -192,7 +193,10 @@ def verify_artifact(
     cache = tempfile.mkdtemp(prefix="farm-verify-cache-")
     try:
         env = without_compilers() if cold_node else dict(os.environ)
-        extra = {"TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": str(Path(cache) / "triton")}
+        # An empty cache of its own (nothing the build or the shared cache
+        # left); Inductor's ISA test compiles skipped where they are redundant.
+        extra = {"TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": str(Path(cache) / "triton"),
+                 **isa_check_env()}
         payload = {
             "spec": spec.to_json(),
             "path": str(artifact_path),

@@ -124,6 +124,86 @@ def _pick_inductor_isa() -> str:
 
 
 # --------------------------------------------------------------------------- #
+# Skipping Inductor's ISA test compiles where their answer is known
+# --------------------------------------------------------------------------- #
+
+VEC_ISA_OK_ENV = "TORCHINDUCTOR_VEC_ISA_OK"
+
+
+def isa_checks_redundant() -> bool:
+    """True when Inductor's ISA test compiles cannot change its pick here.
+
+    Every process with a fresh Inductor cache (a build child, a verification
+    child, a node loading a CPU artifact) test-compiles and test-loads a C++
+    program per candidate ISA before its first kernel: 10 g++ runs and 10
+    Python subprocesses, 22 s of a 2-core node's 30 s load of a small MLP
+    (TORCHINDUCTOR_VEC_ISA_OK=1 took it to 7.5 s). With ``cpp.vec_isa_ok``
+    set, Inductor takes every ISA the CPU's flags name as valid. That gives
+    the same pick exactly when the checked pick, cached for this machine
+    (``FARM_ISA_CACHE``, written by the first process that made it), equals the
+    pick from the flags: then the checks are redundant. x86 only; never when
+    the operator set TORCHINDUCTOR_VEC_ISA_OK; never before a checked pick is
+    cached (so a compiler that cannot build an ISA still shows).
+    """
+    if os.environ.get(VEC_ISA_OK_ENV) is not None:
+        return False
+    path = _isa_cache_path()
+    if path is None:
+        return False
+    try:
+        key, _ = _isa_cache_key()
+    except Exception:  # pragma: no cover - defensive, as in _cached_inductor_isa
+        return False
+    checked = read_cache_file(path).get(key)
+    return bool(checked) and checked == _x86_isa_from_cpu_flags()
+
+
+def isa_check_env() -> dict[str, str]:
+    """Environment for a child process (build, verification) started by this
+    one: ``TORCHINDUCTOR_VEC_ISA_OK=1`` when ``isa_checks_redundant()``.
+
+    Passed explicitly, since a sandboxed child cannot write the cache file (a
+    fresh /tmp, no home): so this process makes the checked pick itself, once
+    per machine, when the cache does not hold it yet.
+    """
+    if not isa_checks_redundant() and _checked_pick_missing():
+        _cached_inductor_isa()
+    return {VEC_ISA_OK_ENV: "1"} if isa_checks_redundant() else {}
+
+
+def _checked_pick_missing() -> bool:
+    """x86, the operator left the checks on, a cache file to keep the answer,
+    and no answer for this key in it."""
+    if platform.machine() not in ("x86_64", "AMD64") or os.environ.get(VEC_ISA_OK_ENV) is not None:
+        return False
+    path = _isa_cache_path()
+    if path is None:
+        return False
+    try:
+        key, _ = _isa_cache_key()
+    except Exception:  # pragma: no cover - defensive
+        return False
+    return key not in read_cache_file(path)
+
+
+def skip_redundant_isa_checks() -> bool:
+    """In this process (a node about to load a CPU artifact): set Inductor's
+    ``cpp.vec_isa_ok`` when ``isa_checks_redundant()``; otherwise make the
+    checked pick now, through the per-machine cache, so that the node's next
+    process can skip it (this one pays what Inductor would have paid at the
+    first call, once: Inductor keeps its pick per process). Returns whether
+    the checks were skipped."""
+    if isa_checks_redundant():
+        from torch._inductor import config
+
+        config.cpp.vec_isa_ok = True
+        return True
+    if _checked_pick_missing():
+        _cached_inductor_isa()
+    return False
+
+
+# --------------------------------------------------------------------------- #
 # Per-machine cache of Inductor's ISA pick
 # --------------------------------------------------------------------------- #
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 import json
 import logging
 import operator
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from farm.core.cpu_isa import aten_capability
 from farm.core.torch_compat import enable_aot_compile
+from farm.node import bundle
 
 log = logging.getLogger(__name__)
 
@@ -192,60 +192,6 @@ class BoundArtifact:
         return self.fn(self.module, *inputs, **kwargs)
 
 
-# A farm aot_compile blob is either torch's own bytes or, when the compile
-# worker tuned kernels on the target GPU, a zip bundle of those bytes and the
-# autotuning results (see ``farm.build.compile.bundle_autotune``).
-BUNDLE_MAGIC = b"PK\x03\x04"
-BUNDLE_ARTIFACT = "aot_compile.bin"
-BUNDLE_AUTOTUNE_DIR = "autotune/"
-
-
-def is_bundle(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        return fh.read(4) == BUNDLE_MAGIC
-
-
-def install_autotune_configs(files: dict[str, bytes]) -> int:
-    """Put shipped ``.best_config`` files into this process's Inductor cache.
-
-    Triton kernels with several candidate configs benchmark them all at their
-    first launch unless the local autotune cache holds the winner; with these
-    files in place the first call runs the tuned kernels straight away. The
-    names are ``<2 chars>/<hash>.best_config`` relative to the cache dir, a
-    hash of the kernel source and torch's build, so they are the same on every
-    node of the target. Existing files are left alone.
-    """
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    root = Path(cache_dir()).resolve()
-    n = 0
-    for rel, data in files.items():
-        dest = (root / rel).resolve()
-        if root not in dest.parents or not rel.endswith(".best_config"):
-            raise ArtifactLoadError(f"bad autotune entry {rel!r} in artifact bundle")
-        if dest.exists():
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, dest)
-        n += 1
-    return n
-
-
-def _read_bundle(path: Path) -> tuple[bytes, dict[str, bytes]]:
-    import zipfile
-
-    with zipfile.ZipFile(path) as zf:
-        payload = zf.read(BUNDLE_ARTIFACT)
-        configs = {
-            name[len(BUNDLE_AUTOTUNE_DIR) :]: zf.read(name)
-            for name in zf.namelist()
-            if name.startswith(BUNDLE_AUTOTUNE_DIR) and not name.endswith("/")
-        }
-    return payload, configs
-
-
 def _load_aot_compile(path: Path, module: Any, *, disable_guard_check: bool = False,
                       external_data: Mapping[str, Any] | None = None) -> Callable[..., Any]:
     import io
@@ -257,9 +203,25 @@ def _load_aot_compile(path: Path, module: Any, *, disable_guard_check: bool = Fa
     if callable(module) and not isinstance(module, torch.nn.Module):
         # A free function's artifact guards on its module's globals.
         f_globals = getattr(module, "__globals__", None)
-    if is_bundle(path):
-        payload, configs = _read_bundle(path)
-        install_autotune_configs(configs)
+    if bundle.is_bundle(path):
+        # Autotuning results and compiled CPU kernels go into this process's
+        # Inductor cache first (farm.node.bundle says why).
+        try:
+            payload, sections, meta = bundle.read_bundle(path)
+            for section, files in sections.items():
+                bundle.install_into_cache(section, files)
+        except bundle.BundleError as exc:
+            raise ArtifactLoadError(str(exc)) from exc
+        if sections["kernels/"]:
+            # A CPU artifact with its kernel libraries: they hit only under the
+            # builder's compiler name and header setting, and Inductor
+            # test-compiles every candidate ISA unless this machine's checked
+            # pick is known.
+            from farm.core.cpu_isa import skip_redundant_isa_checks
+
+            bundle.adopt_build_compiler(meta)
+            bundle.adopt_header_precompile(meta)
+            skip_redundant_isa_checks()
         fh: Any = io.BytesIO(payload)
     else:
         fh = open(path, "rb")  # noqa: SIM115

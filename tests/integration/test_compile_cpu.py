@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from farm.build.sandbox import run_isolated
+from farm.build.steps import compile_env
 from farm.build.verify import VerifyReport, verify_artifact
 from farm.core.specs import JobSpec
 
@@ -39,8 +40,9 @@ def compile_in_child(spec: JobSpec, out_dir: Path, formats: list[str] | None = N
     payload: dict[str, Any] = {"spec": spec.to_json(), "device": "cpu", "out_dir": str(out_dir)}
     if formats is not None:
         payload["formats"] = formats
+    # The environment a compile worker gives its child (farm.build.steps).
     return run_isolated("farm.build.compile:compile_job", payload, timeout_s=TIMEOUT_S,
-                        memory_mb=MEMORY_MB)
+                        memory_mb=MEMORY_MB, env_extra=compile_env(out_dir / "work"))
 
 
 def artifacts(spec: JobSpec, out_dir: Path, formats: list[str] | None = None) -> dict[str, Any]:
@@ -80,8 +82,13 @@ def test_mlp_inference_builds_both_formats_and_matches_eager(
     assert aoti["meta"]["constants"] == 4
 
     r_aot = verified(spec, aot)
-    # A CPU aot_compile artifact is C++ source: its load compiles, its first call does not.
-    assert r_aot.load_compiled and r_aot.load_events.get("cpp_builds", 0) > 0
+    # A CPU aot_compile artifact is C++ source, and ships the kernel libraries
+    # its build compiled (farm.node.bundle): the verifier's fresh, empty cache
+    # gets them from the artifact, and neither its load nor its first call
+    # runs g++ (Inductor's ISA test compiles are skipped too: this session's
+    # checked pick is cached, farm.core.cpu_isa.isa_checks_redundant).
+    assert aot["meta"]["cpu_kernels"] >= 1
+    assert not r_aot.load_compiled, r_aot.load_events
     assert not r_aot.first_call_compiled
 
     r_aoti = verified(spec, aoti)
@@ -172,22 +179,34 @@ def test_autotune_bundle_loads_and_installs_its_configs(
     itself needs a GPU; bench/gpu_farm.py proves it on the H200."""
     import shutil
 
-    from farm.build.compile import bundle_autotune
-    from farm.node.loader import is_bundle
+    from farm.node.bundle import is_bundle, read_bundle, write_bundle
 
     spec, arts = mlp_inference
     path = tmp_path / "bundle.bin"
     shutil.copy(arts["aot_compile"]["path"], path)
+    _, shipped, meta = read_bundle(path)  # a CPU build's own bundle: its kernels
     cache = tmp_path / "cache"
     (cache / "ab").mkdir(parents=True)
     (cache / "ab" / "cafe.best_config").write_text('{"XBLOCK": 128, "num_warps": 4}')
-    assert bundle_autotune(path, cache) == 1
+    for rel, data in shipped["kernels/"].items():
+        (cache / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cache / rel).write_bytes(data)
+    kernels = [cache / rel for rel in shipped["kernels/"]]
+    # Rebundled from torch's bytes alone, with a config beside the kernels.
+    payload, _, _ = read_bundle(path)
+    path.write_bytes(payload)
+    counts = write_bundle(path, cache, {"autotune/": [cache / "ab" / "cafe.best_config"],
+                                        "kernels/": kernels}, meta=meta)
+    assert counts == {"autotune/": 1, "kernels/": len(kernels)}
     assert is_bundle(path)
     report = verified(spec, {**arts["aot_compile"], "path": str(path)})
     assert report.max_abs_err is not None and report.max_abs_err <= (report.tol or 0)
 
-    # Installing refuses entries that would escape the cache dir.
-    from farm.node.loader import ArtifactLoadError, install_autotune_configs
+    # Installing refuses entries that would escape the cache dir, or that are
+    # not of their section's kind.
+    from farm.node.bundle import BundleError, install_into_cache
 
-    with pytest.raises(ArtifactLoadError):
-        install_autotune_configs({"../../evil.best_config": b"{}"})
+    with pytest.raises(BundleError):
+        install_into_cache("autotune/", {"../../evil.best_config": b"{}"}, root=tmp_path / "c")
+    with pytest.raises(BundleError):
+        install_into_cache("kernels/", {"ab/evil.py": b""}, root=tmp_path / "c")
