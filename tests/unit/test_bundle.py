@@ -90,17 +90,19 @@ def test_the_builders_compiler_is_adopted_only_when_nothing_chose_one(
     from torch._inductor import config
 
     monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setattr(config.cpp, "cxx", (None, "g++"))
-    assert not bundle.adopt_build_compiler({"cpp_compiler": "g++"})  # not a path
-    assert not bundle.adopt_build_compiler({"cpp_compiler": str(tmp_path / "no-such-g++")})
     fake = tmp_path / "g++"
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
-    monkeypatch.setenv("CXX", "clang++")
-    assert not bundle.adopt_build_compiler({"cpp_compiler": str(fake)})
-    monkeypatch.delenv("CXX")
-    assert bundle.adopt_build_compiler({"cpp_compiler": str(fake)})
-    assert config.cpp.cxx == (None, str(fake))
+    # config.patch, not monkeypatch: undoing setattr on Inductor's config
+    # proxy deletes the setting (and later tests of this process lose it).
+    with config.patch({"cpp.cxx": (None, "g++")}):
+        assert not bundle.adopt_build_compiler({"cpp_compiler": "g++"})  # not a path
+        assert not bundle.adopt_build_compiler({"cpp_compiler": str(tmp_path / "no-such-g++")})
+        monkeypatch.setenv("CXX", "clang++")
+        assert not bundle.adopt_build_compiler({"cpp_compiler": str(fake)})
+        monkeypatch.delenv("CXX")
+        assert bundle.adopt_build_compiler({"cpp_compiler": str(fake)})
+        assert config.cpp.cxx == (None, str(fake))
 
 
 def test_header_setting_follows_the_builder_unless_the_operator_set_it(
@@ -108,12 +110,12 @@ def test_header_setting_follows_the_builder_unless_the_operator_set_it(
     from torch._inductor import config
 
     monkeypatch.delenv("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", raising=False)
-    monkeypatch.setattr(config, "cpp_cache_precompile_headers", True)
-    assert bundle.adopt_header_precompile({"precompiled_headers": False})
-    assert config.cpp_cache_precompile_headers is False
-    assert not bundle.adopt_header_precompile({})
-    monkeypatch.setenv("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "1")
-    assert not bundle.adopt_header_precompile({"precompiled_headers": True})
+    with config.patch({"cpp_cache_precompile_headers": True}):
+        assert bundle.adopt_header_precompile({"precompiled_headers": False})
+        assert config.cpp_cache_precompile_headers is False
+        assert not bundle.adopt_header_precompile({})
+        monkeypatch.setenv("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "1")
+        assert not bundle.adopt_header_precompile({"precompiled_headers": True})
 
 
 def test_isa_checks_are_redundant_only_when_the_checked_pick_is_cached_and_agrees(
