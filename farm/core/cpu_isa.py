@@ -145,17 +145,24 @@ def isa_checks_redundant() -> bool:
     the operator set TORCHINDUCTOR_VEC_ISA_OK; never before a checked pick is
     cached (so a compiler that cannot build an ISA still shows).
     """
-    if os.environ.get(VEC_ISA_OK_ENV) is not None:
-        return False
+    checked = _cached_checked_pick()
+    return bool(checked) and checked == _x86_isa_from_cpu_flags()
+
+
+def _cached_checked_pick() -> str | None:
+    """The checked pick this machine's cache holds for the current key; None
+    when there is none, no cache, the operator set TORCHINDUCTOR_VEC_ISA_OK,
+    or this is not x86 (where the flags pick does not exist)."""
+    if platform.machine() not in ("x86_64", "AMD64") or os.environ.get(VEC_ISA_OK_ENV) is not None:
+        return None
     path = _isa_cache_path()
     if path is None:
-        return False
+        return None
     try:
         key, _ = _isa_cache_key()
     except Exception:  # pragma: no cover - defensive, as in _cached_inductor_isa
-        return False
-    checked = read_cache_file(path).get(key)
-    return bool(checked) and checked == _x86_isa_from_cpu_flags()
+        return None
+    return read_cache_file(path).get(key)
 
 
 def isa_check_env() -> dict[str, str]:
@@ -174,16 +181,9 @@ def isa_check_env() -> dict[str, str]:
 def _checked_pick_missing() -> bool:
     """x86, the operator left the checks on, a cache file to keep the answer,
     and no answer for this key in it."""
-    if platform.machine() not in ("x86_64", "AMD64") or os.environ.get(VEC_ISA_OK_ENV) is not None:
-        return False
-    path = _isa_cache_path()
-    if path is None:
-        return False
-    try:
-        key, _ = _isa_cache_key()
-    except Exception:  # pragma: no cover - defensive
-        return False
-    return key not in read_cache_file(path)
+    return (platform.machine() in ("x86_64", "AMD64")
+            and os.environ.get(VEC_ISA_OK_ENV) is None and _isa_cache_path() is not None
+            and _cached_checked_pick() is None)
 
 
 def skip_redundant_isa_checks() -> bool:
