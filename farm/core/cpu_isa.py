@@ -136,8 +136,8 @@ def isa_checks_redundant() -> bool:
     Every process with a fresh Inductor cache (a build child, a verification
     child, a node loading a CPU artifact) test-compiles and test-loads a C++
     program per candidate ISA before its first kernel: 10 g++ runs and 10
-    Python subprocesses, 22 s of a 2-core node's 30 s load of a small MLP
-    (TORCHINDUCTOR_VEC_ISA_OK=1 took it to 7.5 s). With ``cpp.vec_isa_ok``
+    dlopen probes (on a loaded 2-core machine 22 of a small MLP's 30 s
+    load; bench/cpu_artifact_load.py measures the whole saving). With ``cpp.vec_isa_ok``
     set, Inductor takes every ISA the CPU's flags name as valid. That gives
     the same pick exactly when the checked pick, cached for this machine
     (``FARM_ISA_CACHE``, written by the first process that made it), equals the

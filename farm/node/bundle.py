@@ -15,7 +15,9 @@ and files that go into the loading process's Inductor cache before the load.
 ``kernels/<2 chars>/<hash>[.main].so``
     The compiled C++ kernels of a CPU build. A CPU ``aot_compile`` artifact
     holds C++ source, and without these a node compiles it again with g++ at
-    load (27 s against 7 s for a small MLP on 2 cores, bench/results notes).
+    load: a small MLP's first result in a fresh process on 2 cores took 12.2 s
+    as torch's bytes alone, 3.0 s as the bundle (bench/cpu_artifact_load.py,
+    bench/results/cpu_artifact_load-20261201.txt).
     Inductor skips the compile when the library already exists at the path
     its key gives (``CppCodeCache.load_async``: a hash of the source and the
     compile command line), so a node whose command line differs (another
