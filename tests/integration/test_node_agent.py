@@ -121,8 +121,10 @@ def test_a_killing_signal_and_a_forwarded_one(agent: dict[str, Any], tmp_path: P
     assert farm_run(agent["sock"], PY, str(s)).returncode == -signal.SIGTERM
     s = script(tmp_path, """
         import time
-        print("ready", flush=True)
         try:
+            # "ready" inside the try: a SIGINT that comes right after it (on a
+            # loaded machine, before the try began) still prints "interrupted".
+            print("ready", flush=True)
             time.sleep(600)
         finally:
             print("interrupted", flush=True)
