@@ -97,8 +97,8 @@ def main() -> None:
                 ("bundle, ISA answer known", bundled, True)]
         results: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in rows}
         for r in range(args.repeats):
-            for name, path, known in rows:
-                cache = tmp / f"node-{r}-{[n for n, _, _ in rows].index(name)}"
+            for i, (name, path, known) in enumerate(rows):
+                cache = tmp / f"node-{r}-{i}"
                 cache.mkdir()
                 isa_cache.unlink(missing_ok=True)
                 if known:

@@ -222,8 +222,7 @@ def compile_artifacts(
 
     record_under = (Path(cache_dir()) if device.type == "cpu" and weights.mode != WEIGHTS_FAKE
                     else None)
-    with record_loaded_kernels(record_under) as recorded:
-        kernels = recorded if record_under is not None else None
+    with record_loaded_kernels(record_under) as kernels:
         common = {
             "device": target_device,
             "torch": torch.__version__,

@@ -29,12 +29,12 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def record_loaded_kernels(cache: Path | None) -> Iterator[list[Path]]:
+def record_loaded_kernels(cache: Path | None) -> Iterator[list[Path] | None]:
     """Yield a list that fills with the libraries under ``cache`` that
-    Inductor loads or probes inside the block; with ``cache`` None it stays
-    empty. Outside the block the hooks are gone."""
+    Inductor loads or probes inside the block (None, and no hooks, with
+    ``cache`` None). Outside the block the hooks are gone."""
     if cache is None:
-        yield []
+        yield None
         return
     from torch._inductor import codecache, cpu_vec_isa
 

@@ -145,14 +145,18 @@ def isa_checks_redundant() -> bool:
     the operator set TORCHINDUCTOR_VEC_ISA_OK; never before a checked pick is
     cached (so a compiler that cannot build an ISA still shows).
     """
-    checked = _cached_checked_pick()
+    return _agrees_with_flags(_checked_pick(make_if_missing=False))
+
+
+def _agrees_with_flags(checked: str | None) -> bool:
     return bool(checked) and checked == _x86_isa_from_cpu_flags()
 
 
-def _cached_checked_pick() -> str | None:
-    """The checked pick this machine's cache holds for the current key; None
-    when there is none, no cache, the operator set TORCHINDUCTOR_VEC_ISA_OK,
-    or this is not x86 (where the flags pick does not exist)."""
+def _checked_pick(*, make_if_missing: bool) -> str | None:
+    """The checked pick this machine's cache holds for the current key; with
+    ``make_if_missing``, made now (and stored) when it holds none. None when
+    this is not x86 (no flags pick to compare with), the operator set
+    TORCHINDUCTOR_VEC_ISA_OK, or there is no cache file to keep it."""
     if platform.machine() not in ("x86_64", "AMD64") or os.environ.get(VEC_ISA_OK_ENV) is not None:
         return None
     path = _isa_cache_path()
@@ -162,7 +166,10 @@ def _cached_checked_pick() -> str | None:
         key, _ = _isa_cache_key()
     except Exception:  # pragma: no cover - defensive, as in _cached_inductor_isa
         return None
-    return read_cache_file(path).get(key)
+    checked = read_cache_file(path).get(key)
+    if checked is None and make_if_missing:
+        checked = _cached_inductor_isa()
+    return checked
 
 
 def isa_check_env() -> dict[str, str]:
@@ -173,34 +180,26 @@ def isa_check_env() -> dict[str, str]:
     fresh /tmp, no home): so this process makes the checked pick itself, once
     per machine, when the cache does not hold it yet.
     """
-    if not isa_checks_redundant() and _checked_pick_missing():
-        _cached_inductor_isa()
-    return {VEC_ISA_OK_ENV: "1"} if isa_checks_redundant() else {}
-
-
-def _checked_pick_missing() -> bool:
-    """x86, the operator left the checks on, a cache file to keep the answer,
-    and no answer for this key in it."""
-    return (platform.machine() in ("x86_64", "AMD64")
-            and os.environ.get(VEC_ISA_OK_ENV) is None and _isa_cache_path() is not None
-            and _cached_checked_pick() is None)
+    return {VEC_ISA_OK_ENV: "1"} if _agrees_with_flags(_checked_pick(make_if_missing=True)) else {}
 
 
 def skip_redundant_isa_checks() -> bool:
     """In this process (a node about to load a CPU artifact): set Inductor's
-    ``cpp.vec_isa_ok`` when ``isa_checks_redundant()``; otherwise make the
-    checked pick now, through the per-machine cache, so that the node's next
-    process can skip it (this one pays what Inductor would have paid at the
-    first call, once: Inductor keeps its pick per process). Returns whether
-    the checks were skipped."""
-    if isa_checks_redundant():
-        from torch._inductor import config
+    ``cpp.vec_isa_ok`` when ``isa_checks_redundant()``. When the cache holds
+    no checked pick yet, it is made now, so that the node's next process can
+    skip the checks (this one pays what Inductor would have paid at its first
+    call, once: Inductor keeps its pick per process). Returns whether
+    ``cpp.vec_isa_ok`` was set."""
+    known = _checked_pick(make_if_missing=False)
+    if known is None:
+        _checked_pick(make_if_missing=True)  # for the node's next process
+        return False
+    if not _agrees_with_flags(known):
+        return False
+    from torch._inductor import config
 
-        config.cpp.vec_isa_ok = True
-        return True
-    if _checked_pick_missing():
-        _cached_inductor_isa()
-    return False
+    config.cpp.vec_isa_ok = True
+    return True
 
 
 # --------------------------------------------------------------------------- #
