@@ -23,6 +23,7 @@ from farm.build.codeenv import NO_DEPS_HINT, CodeUnavailable, code_dir, code_roo
 from farm.build.compile_cache import CacheSession, namespace, open_store
 from farm.build.sandbox import SandboxResult, SandboxUnavailable, build_isolation, run_isolated
 from farm.build.steps import compile_env
+from farm.build.toolchain import current_compiler
 from farm.core.specs import JobSpec
 from farm.core.target import Target
 from registry import service
@@ -238,7 +239,9 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
             "farm.build.steps:compile_step",
             # The fingerprint: the child checks it builds the graph the trace saw.
             {"spec": spec.to_json(), "device": target.device, "out_dir": str(out_dir),
-             "aoti_unavailable": no_aoti, "fingerprint": fingerprint},
+             "aoti_unavailable": no_aoti, "fingerprint": fingerprint,
+             # The compiler that answer chose: the child adopts it, never probes.
+             "cxx": current_compiler()},
             timeout_s=s.build_timeout_s,
             memory_mb=s.build_memory_mb,
             env_extra=compile_env(tmp),

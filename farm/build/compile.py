@@ -165,6 +165,7 @@ def compile_artifacts(
     *,
     formats: Sequence[str] | None = None,
     aoti_unavailable: str | None = CHECK_AOTI,
+    cxx: str | None = None,
 ) -> list[CompiledArtifact]:
     """Compile ``spec`` for ``target_device`` (this machine's) into ``out_dir``.
 
@@ -175,12 +176,14 @@ def compile_artifacts(
     artifact's meta under ``aoti_skipped``); an explicitly requested one
     raises. ``aoti_unavailable`` is ``aoti_unavailable_reason``'s answer when
     the caller has it (None: AOTI can be built); by default it is asked here.
+    ``cxx`` is the C++ compiler the caller's check chose (``compile_env``
+    names it to a build child); None: chosen here, from this machine's cache.
     """
     if spec.options.parallel is not None and build_mesh() is None:
         # One process playing rank 0 of the layout (farm.core.parallel).
         with fake_group(spec.options.parallel, torch.device(target_device).type):
             return compile_artifacts(spec, target_device, out_dir, formats=formats,
-                                     aoti_unavailable=aoti_unavailable)
+                                     aoti_unavailable=aoti_unavailable, cxx=cxx)
     explicit = formats is not None
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}  # a format that was to be built and could not be
@@ -201,7 +204,7 @@ def compile_artifacts(
     if FORMAT_AOTI in wanted and spec.grad_mode is GradMode.TRAINING:
         raise CompileError("an AOTI package is inference-only: it has no backward")
     if FORMAT_AOTI in wanted:
-        _use_chosen_compiler(target_device)
+        _use_chosen_compiler(target_device, cxx)
     if FORMAT_AOTI in wanted and spec.options.backend != "inductor":
         raise CompileError(str(aoti_not_applicable(spec)))
     out_dir = Path(out_dir)
@@ -292,14 +295,20 @@ def compile_artifacts(
     return out
 
 
-def _use_chosen_compiler(device: str) -> None:
-    """The compiler this machine's check chose (``farm.build.toolchain``,
-    cached), when nothing in this process set one yet: a package names its
-    compiler in its bytes, so an explicitly requested AOTI build must run the
-    same one as a default build for the same bytes."""
-    from farm.build.toolchain import compiler_for, current_compiler
+def _use_chosen_compiler(device: str, cxx: str | None = None) -> None:
+    """``cxx``, else the compiler this machine's check chose
+    (``farm.build.toolchain``, cached), when nothing in this process set one
+    yet: a package names its compiler in its bytes, so an explicitly requested
+    AOTI build must run the same one as a default build for the same bytes."""
+    from farm.build.toolchain import compiler_for, current_compiler, use_compiler
 
-    if current_compiler() is None:
+    if cxx is not None:
+        # The worker's answer. A sandboxed child sees neither the worker's
+        # cache file nor its home: asking again here ran the whole check (a
+        # tiny AOTI build with its precompiled header, and a load in another
+        # process) inside every build, a minute of each CPU build on 2 cores.
+        use_compiler(cxx)
+    elif current_compiler() is None:
         try:
             compiler_for(device)
         except Exception as exc:  # the check's own trouble: Inductor's default, linkage-checked
@@ -307,10 +316,11 @@ def _use_chosen_compiler(device: str) -> None:
 
 
 def compile_job(payload: dict[str, Any]) -> dict[str, Any]:
-    """Sandbox entry point: ``{"spec", "device", "out_dir", "formats"?}`` -> artifacts."""
+    """Sandbox entry point: ``{"spec", "device", "out_dir", "formats"?, "cxx"?}`` -> artifacts."""
     spec = JobSpec.from_json(payload["spec"])
     arts = compile_artifacts(
-        spec, payload["device"], Path(payload["out_dir"]), formats=payload.get("formats")
+        spec, payload["device"], Path(payload["out_dir"]), formats=payload.get("formats"),
+        cxx=payload.get("cxx"),
     )
     return {"artifacts": [a.to_json() for a in arts]}
 

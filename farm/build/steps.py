@@ -87,6 +87,7 @@ def compile_step(payload: dict[str, Any]) -> dict[str, Any]:
     # The worker answers farm.build.aoti_check outside the sandbox (it is the
     # host's question, and must not spend the model's time limit).
     arts = compile_artifacts(spec, payload["device"], Path(payload["out_dir"]),
-                             aoti_unavailable=payload.get("aoti_unavailable", CHECK_AOTI))
+                             aoti_unavailable=payload.get("aoti_unavailable", CHECK_AOTI),
+                             cxx=payload.get("cxx"))
     return {"artifacts": [{"path": str(a.path), "format": a.format, "meta": {**a.meta, **code}}
                           for a in arts]}

@@ -15,6 +15,7 @@ import pytest
 
 from farm.build.sandbox import run_isolated
 from farm.build.steps import compile_env
+from farm.build.toolchain import compiler_for
 from farm.build.verify import VerifyReport, verify_artifact
 from farm.core.specs import JobSpec
 
@@ -37,10 +38,12 @@ def job(entrypoint: str, inputs: list[str], *, grad_mode: str = "inference",
 
 
 def compile_in_child(spec: JobSpec, out_dir: Path, formats: list[str] | None = None) -> Any:
-    payload: dict[str, Any] = {"spec": spec.to_json(), "device": "cpu", "out_dir": str(out_dir)}
+    # The payload and environment a compile worker gives its child (workers.tasks):
+    # the compiler its cached check chose, which the child adopts.
+    payload: dict[str, Any] = {"spec": spec.to_json(), "device": "cpu", "out_dir": str(out_dir),
+                               "cxx": compiler_for("cpu").cxx}
     if formats is not None:
         payload["formats"] = formats
-    # The environment a compile worker gives its child (farm.build.steps).
     return run_isolated("farm.build.compile:compile_job", payload, timeout_s=TIMEOUT_S,
                         memory_mb=MEMORY_MB, env_extra=compile_env(out_dir / "work"))
 

@@ -206,3 +206,23 @@ def test_the_quick_linkage_check_rejects_a_static_libstdcxx(tmp_path: Path) -> N
     got = aoti_check.quick_linkage(str(wrapper), tmp_path)
     assert got is not None and got.definitive
     assert got.reason.startswith("links no shared libstdc++.so.6")
+
+
+def test_a_build_child_adopts_the_workers_compiler_and_never_probes(
+    bin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sandboxed compile child has no cached answer of its own (it sees neither
+    # the worker's cache file nor its home): without the worker's choice in its
+    # payload, it ran the whole check again in every build.
+    from farm.build import compile as compile_mod
+
+    gxx = fake_compiler(bin_dir, "g++")
+    probes = Probes({"g++": [Probe("ok")]})
+    monkeypatch.setattr(aoti_check, "probe_compiler", probes)
+    compile_mod._use_chosen_compiler("cpu", gxx)
+    assert probes.calls == []
+    assert toolchain.current_compiler() == gxx and os.environ["CXX"] == gxx
+    # Without one, the child asks this machine's check (here: a probe).
+    monkeypatch.setattr(toolchain, "_current", None)
+    compile_mod._use_chosen_compiler("cpu")
+    assert probes.calls == [("cpu", "g++")]
