@@ -63,6 +63,10 @@ class FarmTask(Task):
     autoretry_for = RETRYABLE
 
 
+AOTI_OFF = ("AOTI packages are off on this farm (FARM_AOTI=0): nodes get the aot_compile "
+            "artifact")
+
+
 def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
     """A one-paragraph error and the full log for a failed child."""
     if res.timed_out:
@@ -228,7 +232,8 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
             service.fail_compile(db, build_key, error=str(exc))
             return
         # Once per machine (cached), before the clock: the host's question.
-        no_aoti = aoti_unavailable_reason(spec, target.device)
+        no_aoti = (aoti_unavailable_reason(spec, target.device) if s.farm_aoti
+                   else AOTI_OFF)
         t0 = time.monotonic()
         out_dir = Path(tmp) / "out"
         # Before the sandbox: the child compiles in caches this worker filled

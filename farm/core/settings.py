@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     # Keep coordinate-descent tuning in max-autotune builds (their first call
     # then tunes on every node; farm.build.compile.mode_options says why not).
     farm_coordesc: bool = False
+    # AOTI packages beside the aot_compile artifacts (where they apply and
+    # load). FARM_AOTI=0: a farm whose nodes all run Python skips them, and
+    # with them the larger part of a CPU build (bench/compiler_handoff.py: the
+    # AOTI package is 18 of a small MLP's 29 s on 2 cores).
+    farm_aoti: bool = True
     # Which compile workers `farm serve --embedded` starts beside the API,
     # comma separated: this machine's CPU target by default, "cuda" (or
     # "cpu,cuda") on a GPU host. A device named twice ("cuda,cuda") gets two

@@ -48,7 +48,7 @@ def spec(name: str, version: str, hidden: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def farm(make_farm: MakeFarm) -> Iterator[FaultFarm]:
-    f = make_farm("attest")
+    f = make_farm("attest", env={"FARM_AOTI": "1"})  # its nodes fetch AOTI packages too
     for s in (spec("victim", "1", 16), spec("victim", "2", 24), spec("other", "1", 16)):
         job = f.wait_job(f.submit(s), timeout=900)
         assert job["state"] == "succeeded", json.dumps(job)[:3000]

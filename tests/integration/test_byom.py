@@ -175,6 +175,10 @@ def test_own_model_builds_after_a_typo_and_loads_on_a_node(byom: FaultFarm,
     assert job["state"] == "succeeded", json.dumps(job, indent=1)[:4000]
     (build,) = job["builds"]
     assert build["code_digest"] == fixed["code"]["digest"], build
+    # This farm runs with FARM_AOTI=0 (tests.fixtures.faults): the inference
+    # build has its aot_compile artifact only, and says why there is no package.
+    assert [a["format"] for a in build["artifacts"]] == ["aot_compile"], build["artifacts"]
+    assert "FARM_AOTI=0" in build["formats_skipped"]["aoti"], build["formats_skipped"]
     # The node has its own copy of the code, in a directory of its own.
     node_dir = tmp_path / "node-code"
     node_dir.mkdir()
