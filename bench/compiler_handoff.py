@@ -86,5 +86,6 @@ def main() -> None:
         median = statistics.median(walls)
         print(f"{case:<24} {median:>9.1f} {median / before:>10.2f}")
 
+
 if __name__ == "__main__":
     main()

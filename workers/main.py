@@ -38,13 +38,14 @@ def run_worker(
         # otherwise run beside the first build and eat into its limits.
         from farm.build.aoti_check import aoti_loads_here
         from workers.context import settings
+        from workers.tasks import AOTI_OFF
 
         if settings().farm_aoti:
             ok, why = aoti_loads_here(t.device)
             print(f"AOTI packages built here {'load' if ok else 'do not load'} ({why})",
                   flush=True)
         else:
-            print("AOTI packages are off on this farm (FARM_AOTI=0)", flush=True)
+            print(AOTI_OFF, flush=True)
     else:
         raise SystemExit(f"unknown worker kind {kind!r}; known: trace, compile")
     lifecycle.configure(kind=kind, queue=queue, target=target)

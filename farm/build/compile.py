@@ -176,8 +176,8 @@ def compile_artifacts(
     artifact's meta under ``aoti_skipped``); an explicitly requested one
     raises. ``aoti_unavailable`` is ``aoti_unavailable_reason``'s answer when
     the caller has it (None: AOTI can be built); by default it is asked here.
-    ``cxx`` is the C++ compiler the caller's check chose (``compile_env``
-    names it to a build child); None: chosen here, from this machine's cache.
+    ``cxx`` is the C++ compiler the caller's check chose (a worker's payload
+    names it to its build child); None: chosen here, from this machine's cache.
     """
     if spec.options.parallel is not None and build_mesh() is None:
         # One process playing rank 0 of the layout (farm.core.parallel).
