@@ -156,6 +156,9 @@ class Job(Base):
     param_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     flops: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     trace_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The worker tracing it (its heartbeat id): the sweep re-sends the trace
+    # as soon as that worker's heartbeat stops, not after the trace time limit.
+    trace_worker: Mapped[str | None] = mapped_column(String(256), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     log: Mapped[str | None] = mapped_column(Text, nullable=True)
     submitted_by: Mapped[str | None] = mapped_column(String(128), nullable=True)

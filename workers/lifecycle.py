@@ -81,6 +81,7 @@ def _beat_forever() -> None:
                     context.database(),
                     max_age_s=requeue_after_s(),
                     tracing_max_age_s=trace_stale_after_s(),
+                    heartbeat_max_age_s=context.heartbeat_max_age_s(),
                 ):
                     log.warning("re-enqueueing job %s whose trace was lost", job_id)
                     enqueue_trace(job_id)

@@ -138,7 +138,7 @@ def enqueue_compile(dispatch: service.CompileDispatch) -> None:
 def trace_task(self: Task, job_id: str) -> None:
     db = context.database()
     s = context.settings()
-    spec = service.start_trace(db, job_id)
+    spec = service.start_trace(db, job_id, worker_id=context.worker_id())
     if spec is None:
         log.info("job %s is past tracing; nothing to do", job_id)
         return

@@ -149,8 +149,9 @@ def job_spec(db: Database, job_id: str) -> JobSpec:
         return JobSpec.from_json(job.spec)
 
 
-def start_trace(db: Database, job_id: str) -> JobSpec | None:
-    """Mark a job as tracing; None when it is already past that (a redelivery)."""
+def start_trace(db: Database, job_id: str, *, worker_id: str | None = None) -> JobSpec | None:
+    """Mark a job as tracing (by ``worker_id``, whose heartbeat the sweep
+    watches); None when it is already past that (a redelivery)."""
     with db.session() as s:
         # Locked: a trace shared from an identical job (record_trace_for_identical)
         # must not race this into tracing a job it has just settled.
@@ -160,6 +161,7 @@ def start_trace(db: Database, job_id: str) -> JobSpec | None:
         if job.state not in ("queued", "tracing"):
             return None
         job.state = "tracing"
+        job.trace_worker = worker_id
         # Stamped even when it was tracing already (a redelivery): the sweep
         # re-sends a job whose trace started longer ago than any trace may run.
         job.updated_at = _now()
@@ -333,16 +335,20 @@ def requeue_stale_claims(
 
 
 def requeue_stale_jobs(
-    db: Database, *, max_age_s: float = 900.0, tracing_max_age_s: float | None = None
+    db: Database, *, max_age_s: float = 900.0, tracing_max_age_s: float | None = None,
+    heartbeat_max_age_s: float | None = None,
 ) -> list[str]:
     """Jobs still queued long after submission: their trace message was
     probably never sent (the broker was down when the API committed them, or
-    lost it in a restart). With ``tracing_max_age_s`` (longer than any trace
-    may run: the trace time limit and a margin), also jobs whose trace started
-    that long ago and never ended: their trace worker died (``kill -9``, its
-    host cut off) and the broker may not hand the message out again for a
-    long time (Redis: its visibility timeout). For the periodic sweep; a
-    duplicate trace is harmless, since dispatch goes through compile claims."""
+    lost it in a restart). With ``heartbeat_max_age_s``, also jobs tracing on
+    a worker whose heartbeat is older than that: it died (``kill -9``, its host
+    cut off) and the broker may not hand the message out again for a long time
+    (Redis: its visibility timeout). With ``tracing_max_age_s`` (longer than
+    any trace may run: the trace time limit and a margin), jobs whose trace
+    started that long ago and never ended, whoever traces them: the one way
+    to see a lost trace whose worker was never recorded. For the periodic
+    sweep; a duplicate trace is harmless, since dispatch goes through compile
+    claims."""
     now = _now()
     stale = (m.Job.state == "queued") & (m.Job.updated_at < now - timedelta(seconds=max_age_s))
     if tracing_max_age_s is not None:
@@ -351,7 +357,17 @@ def requeue_stale_jobs(
             & (m.Job.updated_at < now - timedelta(seconds=tracing_max_age_s))
         )
     with db.session() as s:
-        jobs = s.scalars(select(m.Job).where(stale).limit(1000)).all()
+        jobs = list(s.scalars(select(m.Job).where(stale).limit(1000)).all())
+        if heartbeat_max_age_s is not None:
+            # A trace younger than one heartbeat age may have a worker whose
+            # first beat has not landed yet: left alone until it is older.
+            tracing = s.scalars(select(m.Job).where(
+                (m.Job.state == "tracing") & m.Job.trace_worker.is_not(None)
+                & (m.Job.updated_at < now - timedelta(seconds=heartbeat_max_age_s))
+            ).limit(1000)).all()
+            seen = {j.id for j in jobs}
+            jobs += [j for j in tracing if j.id not in seen
+                     and not _worker_is_live(s, j.trace_worker, heartbeat_max_age_s)]
         for job in jobs:
             job.updated_at = _now()  # one re-send per period, not one per sweep
         return [j.id for j in jobs]
