@@ -34,8 +34,13 @@ stamp=.venv/.farm-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
-  .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored: it is neither" || true
-  .venv/bin/python -m pip install -q -e ".[server,postgres,dev]" 2>&1 | grep -v "is ignored: it is neither" || true
+  # --no-compile, then compileall on every core: pip byte-compiles one file at
+  # a time (torch: 16.6 s of which 11.6 s compiling, on 2 cores; the whole
+  # venv in parallel: 4.1 s). Sandboxed build children see the venv read-only
+  # and could not write the .pyc files themselves.
+  .venv/bin/python -m pip install -q --no-compile "torch==2.13.0" 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv/bin/python -m pip install -q --no-compile -e ".[server,postgres,dev]" 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv/bin/python -m compileall -q -j 0 .venv/lib >/dev/null 2>&1 || true
   .venv/bin/python -c "import torch, celery, sqlalchemy, fastapi, moto" 
   touch "$stamp"
 fi
