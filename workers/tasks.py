@@ -218,7 +218,7 @@ def compile_task(self: Task, build_key: str, target_text: str) -> None:
 
 def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint: str) -> None:
     from farm.build import provenance
-    from farm.build.compile import aoti_unavailable_reason
+    from farm.build.compile import aoti_not_applicable, aoti_unavailable_reason
     from farm.build.verify import verify_artifact
 
     db = context.database()
@@ -232,8 +232,11 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
             service.fail_compile(db, build_key, error=str(exc))
             return
         # Once per machine (cached), before the clock: the host's question.
+        # On a farm without AOTI, a model that could never have a package
+        # still says its own reason (training, another backend): it is the
+        # one that holds wherever the model is built.
         no_aoti = (aoti_unavailable_reason(spec, target.device) if s.farm_aoti
-                   else AOTI_OFF)
+                   else aoti_not_applicable(spec) or AOTI_OFF)
         t0 = time.monotonic()
         out_dir = Path(tmp) / "out"
         # Before the sandbox: the child compiles in caches this worker filled

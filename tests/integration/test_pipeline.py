@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,26 @@ from sqlalchemy import func, select
 from registry.db import Database
 from tests.fixtures.client_install import SERVER_SIDE, client_only_site
 from tests.fixtures.farm import ROOT, Farm
+from tests.fixtures.faults import FaultFarm, MakeFarm
 from tests.slowdown import scaled
 
-# One xdist worker runs a file (--dist loadfile): these tests share the
-# session farm and one mlp build. The failure and recovery tests of the same
-# pipeline are in test_pipeline_recovery.py, so the two halves run at once.
+# One xdist worker runs a file (--dist loadfile): these tests share one farm
+# and one mlp build. The failure and recovery tests of the same pipeline are
+# in test_pipeline_recovery.py, so the two halves run at once.
 pytestmark = pytest.mark.integration
 
 NODE = Path(__file__).with_name("node_check.py")
+
+
+@pytest.fixture(scope="module")
+def farm(make_farm: MakeFarm) -> Iterator[FaultFarm]:
+    """A farm as deployed by default, both formats (FARM_AOTI=1): the session
+    farm builds aot_compile artifacts only (tests/fixtures/farm.py)."""
+    f = make_farm("pipeline", env={"FARM_AOTI": "1"})
+    try:
+        yield f
+    finally:
+        f.close()
 
 
 def job_spec(
@@ -77,7 +90,7 @@ def test_inference_job_builds_stores_and_loads(farm: Farm) -> None:
     assert build["verified"] is True
     assert build["compile_s"] > 0 and build["artifact_bytes"] > 0
     formats = {a["format"] for a in build["artifacts"]}
-    assert "aot_compile" in formats
+    assert formats == {"aot_compile", "aoti"}, build  # the default farm: both formats
     assert job["fingerprint"] and job["param_count"] > 0 and job["flops"] > 0
     # The bytes are in S3 under their digest.
     import boto3
