@@ -18,7 +18,6 @@ is refused unless ``FARM_ALLOW_HTTP`` (or ``allow_http=True``) says otherwise.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import os
@@ -27,33 +26,18 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
-import tenacity
 
-from farm.core.specs import (
-    CompileOptions,
-    GradMode,
-    JobSpec,
-    SpecError,
-    TensorSpec,
-    canonical_inputs,
-    parse_inputs,
-)
+from farm.core.specs import CompileOptions, GradMode, JobSpec
 from farm.core.target import Target
+from farm.node.admin import FarmAdmin
+from farm.node.arguments import as_grad_mode, as_input_specs, as_target, is_loopback
 from farm.node.cache import ArtifactCache, CacheCorrupt, CacheError, validate_digest
-from farm.node.errors import (
-    AuthenticationError,
-    FarmError,
-    FarmUnavailable,
-    IntegrityError,
-    JobTimeout,
-    NotFoundError,
-    _detail_text,
-)
+from farm.node.errors import FarmError, FarmUnavailable, IntegrityError, JobTimeout, NotFoundError
+from farm.node.http import DEFAULT_TIMEOUT_S, origin
 from farm.node.reports import Report, Reporter
-from farm.node.types import AliasList, Deleted, JobSummary, TokenInfo
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -63,7 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S = 30.0
 TERMINAL_JOB_STATES = frozenset({"succeeded", "failed", "partial"})
 # How long a fetched trust list is used before asking again: a revocation
 # reaches every node within this (once the admin has signed the new list).
@@ -73,102 +56,11 @@ TRUST_LIST_TTL_S = 30.0
 NODE_REQUEST = "node_request"
 _CHUNK = 1 << 20
 _MAX_REDIRECTS = 5
-_RETRY_STATUSES = frozenset({502, 503, 504})
 
 
-def _origin(url: str) -> tuple[str, str]:
-    parts = urlsplit(url)
-    return parts.scheme.lower(), parts.netloc.lower()
-
-
-def is_loopback(url: str) -> bool:
-    import ipaddress
-
-    host = (urlsplit(url).hostname or "").strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def as_grad_mode(value: GradMode | str | bool | None) -> GradMode:
-    """``None`` means the current torch grad mode; ``True`` means training."""
-    if isinstance(value, GradMode):
-        return value
-    if value is None:
-        import torch
-
-        return GradMode.TRAINING if torch.is_grad_enabled() else GradMode.INFERENCE
-    if isinstance(value, bool):
-        return GradMode.TRAINING if value else GradMode.INFERENCE
-    try:
-        return GradMode(value)
-    except ValueError:
-        raise SpecError(f"unknown grad_mode {value!r}; known: inference, training") from None
-
-
-def as_input_specs(inputs: Any) -> tuple[TensorSpec, ...]:
-    """Input specs from spec strings, ``TensorSpec``s or example tensors (static
-    shapes); a mapping names them: ``{"input_ids": ids, "batch": {"x": x}}``
-    is ``input_ids=...`` and ``batch.x=...`` (keyword and dict inputs)."""
-    if inputs is None:
-        raise SpecError("input specs are needed to resolve an artifact")
-    if isinstance(inputs, str):
-        return parse_inputs(p for p in inputs.split(";") if p)
-    if isinstance(inputs, Mapping):
-        named = []
-        for path, item in _named_items(inputs, ""):
-            (spec,) = as_input_specs([item])
-            named.append(dataclasses.replace(spec, name=path))
-        return canonical_inputs(named)
-    out = []
-    for item in inputs:
-        if isinstance(item, TensorSpec):
-            out.append(item)
-        elif isinstance(item, str):
-            out.append(TensorSpec.parse(item))
-        elif hasattr(item, "shape") and hasattr(item, "dtype"):
-            dtype = str(item.dtype).removeprefix("torch.")
-            out.append(TensorSpec.parse(f"{dtype}[{','.join(str(int(d)) for d in item.shape)}]"))
-        else:
-            raise SpecError(f"cannot make an input spec of {type(item).__name__}: give a spec "
-                            "string like 'float32[8,64]' or an example tensor")
-    if not out:
-        raise SpecError("at least one input spec is needed")
-    return canonical_inputs(out)
-
-
-def _named_items(mapping: Mapping[str, Any], prefix: str) -> list[tuple[str, Any]]:
-    """(dotted path, leaf) of a nested mapping of example tensors or specs."""
-    out: list[tuple[str, Any]] = []
-    for key, item in mapping.items():
-        path = f"{prefix}{key}"
-        if isinstance(item, Mapping):
-            out += _named_items(item, path + ".")
-        else:
-            out.append((path, item))
-    return out
-
-
-def as_target(target: Target | str | None, device: str | None = None) -> Target:
-    if isinstance(target, Target):
-        return target
-    if target is None or target == "auto":
-        # A node: what it can run depends on its CPU, not on a compiler; kept
-        # per machine so that a CLI call need not import torch for it.
-        from farm.node.local_target import node_target
-
-        return node_target(device)
-    return Target.parse(target)
-
-
-# --- the client ----------------------------------------------------------------
-
-
-class FarmClient:
-    """The farm's HTTP API, a verified download path and a local cache.
+class FarmClient(FarmAdmin):
+    """The farm's HTTP API (``FarmAdmin``'s calls), submission with code, and
+    a fleet node's path: resolve, verify, fetch into a local cache, load.
 
     ``url`` and ``token`` default to ``FARM_URL`` and ``FARM_TOKEN``; ``cache``
     to an ``ArtifactCache`` at ``CLIENT_CACHE_DIR`` bounded by
@@ -193,15 +85,9 @@ class FarmClient:
     ) -> None:
         from farm.core.settings import get_settings
 
+        super().__init__(url, token, timeout=timeout, retries=retries, allow_http=allow_http,
+                         transport=transport)
         settings = get_settings()
-        self.url = (url or settings.farm_url).rstrip("/")
-        allow = settings.farm_allow_http if allow_http is None else allow_http
-        if urlsplit(self.url).scheme.lower() == "http" and not is_loopback(self.url) and not allow:
-            # Tokens and answers in clear text, to any host on the path.
-            raise FarmError(f"refusing plain http to {urlsplit(self.url).hostname}: use https "
-                            "(docs/security.md, TLS), or set FARM_ALLOW_HTTP=1 on a network "
-                            "you trust")
-        self.token = settings.farm_token if token is None else token
         # ``public_key`` is the older name of the same argument: the key the
         # farm's chain of trust starts from.
         source = root_key if root_key is not None else public_key
@@ -216,38 +102,12 @@ class FarmClient:
         self._reporter: Reporter | None = None
         self._reports_on = settings.farm_reports if reports is None else reports
         self._report_interval_s = settings.farm_report_interval_s
-        self.retries = retries
         self.require_signature = require_signature
-        t = httpx.Timeout(timeout, connect=min(timeout, 10.0))
-        headers = {"User-Agent": "torch-farm-client"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        verify: Any = True
-        if settings.farm_ca_bundle:
-            import ssl
-
-            # A private CA (docs/security.md, TLS); the system's CAs otherwise.
-            verify = ssl.create_default_context(cafile=settings.farm_ca_bundle)
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=t,
-                                  follow_redirects=False, transport=transport, verify=verify)
-        # For presigned URLs on another origin: never carries the farm token.
-        self._bare = httpx.Client(timeout=t, follow_redirects=False, transport=transport,
-                                  headers={"User-Agent": "torch-farm-client"}, verify=verify)
 
     def close(self) -> None:
         if self._reporter is not None:
             self._reporter.close()
-        self._http.close()
-        self._bare.close()
-
-    def __enter__(self) -> FarmClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"FarmClient({self.url!r})"
+        super().close()
 
     @property
     def cache(self) -> ArtifactCache:
@@ -255,62 +115,6 @@ class FarmClient:
             if self._cache is None:
                 self._cache = ArtifactCache.from_settings()
             return self._cache
-
-    # --- HTTP ---------------------------------------------------------------
-
-    def _request(self, method: str, path: str, **kw: Any) -> Any:
-        """JSON of a successful answer; a ``FarmError`` subclass otherwise.
-        GETs are retried (tenacity) on connection errors and 502/503/504,
-        honouring a Retry-After of up to 5 s; other methods are sent once."""
-        attempts = 1 + (self.retries if method == "GET" else 0)
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(attempts),
-            wait=_backoff,
-            retry=(tenacity.retry_if_exception_type(httpx.TransportError)
-                   | tenacity.retry_if_result(lambda r: r.status_code in _RETRY_STATUSES)),
-            # Out of attempts: the last answer (a 503 is reported as such below)
-            # or the last connection error, not tenacity's RetryError.
-            retry_error_callback=lambda state: state.outcome.result(),  # type: ignore[union-attr]
-        )
-        try:
-            r = retrying(self._http.request, method, path, **kw)
-        except httpx.TransportError as exc:
-            raise FarmUnavailable(
-                f"cannot reach the farm at {self.url}: {exc or type(exc).__name__}"
-            ) from None
-        self._raise_for(r, f"{method} {path}")
-        if r.status_code == 204 or not r.content:
-            return None
-        try:
-            return r.json()
-        except ValueError:
-            raise FarmError(f"{method} {path}: the farm answered {r.status_code} with "
-                            "something that is not JSON", status=r.status_code) from None
-
-    def _raise_for(self, r: httpx.Response, what: str) -> None:
-        if r.status_code < 400:
-            return
-        body: Any = None
-        with contextlib.suppress(ValueError):
-            body = r.json()
-        detail = body.get("detail") if isinstance(body, dict) else None
-        text = _detail_text(detail) if detail is not None else (
-            r.text.strip().splitlines()[0][:300] if r.text.strip() else r.reason_phrase)
-        status = r.status_code
-        if status == 404:
-            rejections = body.get("rejections", []) if isinstance(body, dict) else []
-            raise NotFoundError(text, detail=body, rejections=rejections or [])
-        if status in (401, 403):
-            raise AuthenticationError(f"{text} (HTTP {status})", status=status, detail=body)
-        if status >= 500:
-            raise FarmUnavailable(f"farm error on {what}: {text} (HTTP {status})",
-                                  status=status, detail=body)
-        raise FarmError(f"{text} (HTTP {status})", status=status, detail=body)
-
-    # --- the API -------------------------------------------------------------
-
-    def health(self) -> dict[str, Any]:
-        return dict(self._request("GET", "/healthz") or {})
 
     def submit(self, spec: JobSpec | Mapping[str, Any], *,
                source: str | os.PathLike[str] | bool | None = None,
@@ -377,12 +181,6 @@ class FarmClient:
         return {"digest": p.digest, "size": p.size, "files": len(p.files),
                 "source": ", ".join(shipped), "uploaded": uploaded}
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        """A job with each target's build (``farm status``; a ``JobView``):
-        state, the running build's stage, timings, errors, logs, artifacts.
-        ``job_id`` may be a unique prefix of the id."""
-        return dict(self._request("GET", f"/v1/jobs/{quote(str(job_id), safe='')}"))
-
     def wait(
         self,
         job_id: str,
@@ -412,146 +210,6 @@ class FarmClient:
             pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
             time.sleep(pause)
             delay = min(poll_s, delay * 2)
-
-    def models(self) -> list[dict[str, Any]]:
-        """Every model with its versions (entrypoint, kwargs, artifact count) and
-        aliases (``farm models``)."""
-        body = self._request("GET", "/v1/models")
-        return list(body.get("models", []) if isinstance(body, dict) else body)
-
-    def set_alias(self, model: str, alias: str, version: str) -> dict[str, Any]:
-        """Point ``model@alias`` at ``version`` (``farm alias set``): promote, or
-        roll back; the answer's ``previous`` is where it pointed before."""
-        return dict(self._request(
-            "PUT", f"/v1/models/{quote(model, safe='')}/aliases/{quote(alias, safe='')}",
-            json={"version": version}))
-
-    def create_token(self, name: str, role: str) -> dict[str, Any]:
-        """A new API token (admin only); the answer holds the plaintext, shown once."""
-        return dict(self._request("POST", "/v1/tokens", json={"name": name, "role": role}))
-
-    def new_cache_salt(self, target: str) -> dict[str, Any]:
-        """A new salt for ``target``'s shared compile cache (admin): disowns its entries."""
-        return dict(self._request("POST", "/v1/cache/salt", json={"target": target}))
-
-    def targets(self) -> Any:
-        """Targets with live compile workers (``farm targets``)."""
-        return self._request("GET", "/v1/targets")
-
-    def ready(self) -> dict[str, Any]:
-        """``/readyz``: whether the farm can take a job now (a compile worker is
-        live); ``FarmUnavailable`` naming what is missing when it cannot."""
-        return dict(self._request("GET", "/readyz") or {})
-
-    # --- fleet feedback: reports, coverage, policies, plans --------------------
-
-    def misses(self, model: str | None = None, *, since_s: float | None = None,
-               limit: int = 100) -> dict[str, Any]:
-        """What nodes did not get, grouped and counted (``farm misses``)."""
-        params: dict[str, Any] = {"limit": limit}
-        if model:
-            params["model"] = model
-        if since_s:
-            params["since_s"] = since_s
-        return dict(self._request("GET", "/v1/misses", params=params))
-
-    def model_reports(self, model: str, *, since_s: float | None = None) -> dict[str, Any]:
-        """Reports of ``model`` by kind, and its most frequent misses."""
-        params = {"since_s": since_s} if since_s else {}
-        return dict(self._request("GET", f"/v1/models/{quote(model, safe='')}/reports",
-                                  params=params))
-
-    def coverage(self, model: str, version: str | None = None) -> dict[str, Any]:
-        """``farm coverage MODEL[@VERSION]``: what each version serves, and what
-        nodes asked for that nothing serves."""
-        params = {"version": version} if version else {}
-        return dict(self._request("GET", f"/v1/models/{quote(model, safe='')}/coverage",
-                                  params=params))
-
-    def policy(self, model: str) -> dict[str, Any]:
-        """The model's fleet policy (``farm policy show``)."""
-        return dict(self._request("GET", f"/v1/models/{quote(model, safe='')}/policy"))
-
-    def set_policy(self, model: str, *, build_on_miss: bool | None = None,
-                   min_interval_s: float | None = None) -> dict[str, Any]:
-        """``farm policy set``: build on miss on or off, and how often."""
-        body: dict[str, Any] = {}
-        if build_on_miss is not None:
-            body["build_on_miss"] = build_on_miss
-        if min_interval_s is not None:
-            body["min_interval_s"] = min_interval_s
-        return dict(self._request("PUT", f"/v1/models/{quote(model, safe='')}/policy",
-                                  json=body))
-
-    def plan(self, target: str, *, submit: bool = False,
-             since_s: float | None = None) -> dict[str, Any]:
-        """``farm plan --target``: the builds every model and alias the fleet
-        uses needs on ``target``; with ``submit``, submitted."""
-        if submit:
-            body: dict[str, Any] = {"target": target}
-            if since_s:
-                body["since_s"] = since_s
-            return dict(self._request("POST", "/v1/plan", json=body))
-        params: dict[str, Any] = {"target": target}
-        if since_s:
-            params["since_s"] = since_s
-        return dict(self._request("GET", "/v1/plan", params=params))
-
-    # --- everyday commands: the CLI's, one method each --------------------------
-
-    def jobs(self, *, state: str | None = None, model: str | None = None,
-             limit: int = 50) -> list[JobSummary]:
-        """Jobs, newest first (``farm jobs``); filter by ``state`` (queued,
-        tracing, compiling, succeeded, failed, partial) or ``model``."""
-        params: dict[str, Any] = {"limit": limit}
-        if state:
-            params["state"] = state
-        if model:
-            params["model"] = model
-        body = self._request("GET", "/v1/jobs", params=params)
-        return list(body.get("jobs", []))
-
-    def aliases(self, model: str, *, history: bool = True) -> AliasList:
-        """The model's aliases and (``history``) every move of each, newest first
-        (``farm alias list``): what a rollback reads."""
-        body: AliasList = self._request("GET", f"/v1/models/{quote(model, safe='')}/aliases",
-                                        params={"history": str(history).lower()})
-        return body
-
-    def delete_alias(self, model: str, alias: str) -> Deleted:
-        """Remove ``model@alias`` (its history is kept)."""
-        body: Deleted = self._request(
-            "DELETE", f"/v1/models/{quote(model, safe='')}/aliases/{quote(alias, safe='')}")
-        return body
-
-    def delete_version(self, model: str, version: str, *, force: bool = False) -> Deleted:
-        """Delete ``model@version``: its jobs, the aliases on it, and the artifacts
-        no other version uses. ``force``: even while its jobs still build."""
-        body: Deleted = self._request(
-            "DELETE", f"/v1/models/{quote(model, safe='')}/versions/{quote(version, safe='')}",
-            params={"force": str(force).lower()})
-        return body
-
-    def delete_model(self, model: str, *, force: bool = False) -> Deleted:
-        """Delete a model with all its versions (admin)."""
-        body: Deleted = self._request("DELETE", f"/v1/models/{quote(model, safe='')}",
-                                      params={"force": str(force).lower()})
-        return body
-
-    def delete_artifact(self, digest: str) -> Deleted:
-        """Delete an artifact by its sha256 (admin): nodes stop resolving to it."""
-        body: Deleted = self._request("DELETE", f"/v1/artifacts/{quote(digest, safe='')}")
-        return body
-
-    def tokens(self, *, revoked: bool = False) -> list[TokenInfo]:
-        """API tokens by name and role (admin); the tokens themselves are never kept."""
-        body = self._request("GET", "/v1/tokens", params={"revoked": str(revoked).lower()})
-        return list(body.get("tokens", []))
-
-    def revoke_token(self, name: str) -> int:
-        """Revoke every token named ``name`` (admin); returns how many."""
-        body = self._request("DELETE", f"/v1/tokens/{quote(name, safe='')}")
-        return int(body.get("revoked", 0))
 
     def compiled(self, module_or_fn: Any, *, model: str, ref: str | None = None,
                  example_inputs: Any = None, **kw: Any) -> Callable[..., Any]:
@@ -717,8 +375,6 @@ class FarmClient:
                     target=target, digest=first.get("digest"), code=first.get("code"),
                     reason=first.get("reason") or (str(reasons[0]) if reasons else None))
 
-    # --- trust -------------------------------------------------------------------
-
     def public_key(self) -> Ed25519PublicKey:
         """The root key the trust list must be signed with (see the module docstring)."""
         from farm.core.signing import SigningKeyError, load_public_key
@@ -806,32 +462,6 @@ class FarmClient:
             self._trust = (now, tl)
             return tl
 
-    def keys(self) -> dict[str, Any]:
-        """Enrolled signing keys, and the API's name key."""
-        return dict(self._request("GET", "/v1/keys"))
-
-    def enroll_key(self, name: str, role: str, public_key: str) -> dict[str, Any]:
-        """Enrol a builder's (or the API's name) public key (admin)."""
-        return dict(self._request("POST", "/v1/keys", json={
-            "name": name, "role": role, "public_key": public_key}))
-
-    def revoke_key(self, keyid: str, *, reason: str = "") -> dict[str, Any]:
-        return dict(self._request("POST", f"/v1/keys/{quote(keyid, safe='')}/revoke",
-                                  json={"reason": reason}))
-
-    def trust_list_version(self) -> int | None:
-        """The version of the trust list the farm serves now (unverified: for
-        numbering the next one), or None when it has none."""
-        from farm.core import attest
-
-        try:
-            body = self._request("GET", "/v1/trust-list")
-        except NotFoundError:
-            return None
-        _, payload, _ = attest.parse_envelope(body)
-        version = attest.payload_json(payload).get("version")
-        return int(version) if isinstance(version, int) else None
-
     def put_trust_list(self, envelope: Mapping[str, Any]) -> dict[str, Any]:
         """Upload a trust list the admin signed offline (admin)."""
         with self._trust_lock:
@@ -866,16 +496,14 @@ class FarmClient:
         return verify_attestation(bundle, self.trust_list(), request, claimed=claimed,
                                   alias_seen=seen)
 
-    # --- download ---------------------------------------------------------------
-
     def _blob_chunks(self, digest: str) -> Iterator[bytes]:
         """The blob's bytes from the API, following a redirect to presigned
         storage without the farm token (a generator: nothing is requested
         until it is iterated)."""
         url = f"{self.url}/v1/artifacts/{digest}/blob"
-        api = _origin(self.url)
+        api = origin(self.url)
         for _ in range(_MAX_REDIRECTS + 1):
-            client = self._http if _origin(url) == api else self._bare
+            client = self._http if origin(url) == api else self._bare
             try:
                 with client.stream("GET", url) as r:
                     if r.is_redirect:
@@ -974,24 +602,3 @@ class FarmClient:
             # An Inductor TP artifact reloads without its mesh (bind_mesh says why).
             bind_mesh(mesh)
         return fn
-
-
-def _retry_after(r: httpx.Response, default: float) -> float:
-    try:
-        return min(5.0, max(0.0, float(r.headers.get("retry-after", default))))
-    except ValueError:
-        return default
-
-
-def _backoff(state: tenacity.RetryCallState) -> float:
-    """0.2 s, 0.4 s, ...; or the server's Retry-After (at most 5 s) on a 503."""
-    default = 0.2 * 2 ** (state.attempt_number - 1)
-    outcome = state.outcome
-    if outcome is not None and not outcome.failed:
-        return _retry_after(outcome.result(), default)
-    return default
-
-
-# --- the fleet node's load path ---------------------------------------------------
-
-# What loading an artifact imports, heaviest first (2 s on a GPU node for

@@ -37,7 +37,8 @@ from typing import Any
 from farm.core.specs import GradMode, SpecError, TensorSpec
 from farm.core.target import Target, TargetError
 from farm.core.text import first_line
-from farm.node.client import FarmClient, as_grad_mode, as_input_specs, as_target
+from farm.node.arguments import as_grad_mode, as_input_specs, as_target
+from farm.node.client import FarmClient
 from farm.node.errors import (
     FarmError,
     FarmUnavailable,

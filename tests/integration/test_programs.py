@@ -27,7 +27,6 @@ import pytest
 from farm.app.console import _job_lines
 from farm.core.target import detect_local_target
 from tests.fixtures.farm import ROOT, Farm
-from tests.slowdown import scaled
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("programs")]
 
@@ -152,7 +151,6 @@ def factory_job(name: str, entrypoint: str, inputs: list[str]) -> dict[str, Any]
 
 
 # Four builds, one after another on one compile worker of a shared 2-core machine.
-@pytest.mark.timeout(scaled(900))
 def test_verification_runs_on_realistic_inputs_and_real_buffers(farm: Farm) -> None:
     # Submitted together: the farm traces and builds them while we wait.
     ids = [farm.submit(factory_job(name, f"tests.models.programs:{entry}", inputs))

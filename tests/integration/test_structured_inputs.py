@@ -47,7 +47,6 @@ def node(farm: Farm, model: str, entry: str, inputs: list[str], *extra: str) -> 
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.timeout(scaled(900))
 def test_keyword_and_dict_inputs_through_the_farm(farm: Farm) -> None:
     llama_id = farm.submit(job("kw-llama", "hf_llama", LLAMA_INPUTS))
     dict_id = farm.submit(job("kw-dict", "dict_model", DICT_INPUTS))
@@ -109,7 +108,6 @@ def test_keyword_and_dict_inputs_through_the_farm(farm: Farm) -> None:
     assert json.loads(cli.stdout)["artifact"]["inputs"] == llama["spec"]["inputs"]
 
 
-@pytest.mark.timeout(scaled(900))
 def test_regional_compilation_through_the_farm(farm: Farm) -> None:
     spec = job("kw-llama-regional", "hf_llama", LLAMA_INPUTS)
     spec["options"] = {"backend": "aot_eager", "regional": True}

@@ -87,7 +87,6 @@ def check_steps(result: dict[str, Any]) -> None:
     assert result["steps"][0]["loss"] != result["steps"][-1]["loss"]
 
 
-@pytest.mark.timeout(scaled(900))
 def test_training_step_through_the_farm_alone_and_under_ddp(farm: Farm) -> None:
     kwargs = {"lr": 0.05, "momentum": 0.9}
     job = farm.wait_job(farm.submit(train_job("train-sgd", backend="aot_eager",
@@ -118,7 +117,6 @@ def test_training_step_through_the_farm_alone_and_under_ddp(farm: Farm) -> None:
     assert ranks[0]["steps"][0]["grad_sum"] != pytest.approx(single["steps"][0]["grad_sum"])
 
 
-@pytest.mark.timeout(scaled(900))
 def test_the_compiled_module_handed_to_ddp(farm: Farm) -> None:
     """A plain factory job built for training: each rank loads its artifact as
     the module's forward and hands that module to DDP; the loss and SGD are
@@ -140,7 +138,6 @@ def test_the_compiled_module_handed_to_ddp(farm: Farm) -> None:
         assert s0["grad_sum"] == pytest.approx(s1["grad_sum"], rel=1e-6, abs=1e-7)
 
 
-@pytest.mark.timeout(scaled(900))
 def test_training_step_with_inductor(farm: Farm) -> None:
     job = farm.wait_job(farm.submit(train_job("train-adamw", backend="inductor",
                                               optimizer="AdamW",

@@ -9,6 +9,7 @@ import pytest
 
 from farm.core import cpu_isa as target
 from farm.core.cpu_isa import detect_cpu_isa
+from tests.slowdown import scaled
 
 
 @pytest.fixture(autouse=True)
@@ -241,7 +242,8 @@ def test_a_node_reads_the_isa_from_cpu_flags_without_a_compiler(tmp_path: Path) 
                          text=True, check=True, cwd=Path(__file__).resolve().parents[2])
     isa, seconds = out.stdout.split("\n")[:2]
     assert isa == _real_pick()
-    assert float(seconds) < 5  # no test compiles (those take 14-16 s on 2 cores)
+    # No test compiles (those take 14-16 s on 2 cores); scaled: the machine may be busy.
+    assert float(seconds) < scaled(5)
 
 
 def _real_pick() -> str:
