@@ -45,20 +45,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("TORCH_FARM_TEST_REDIS_BASE", str(random.randint(0, 14)))
 
 
-# pytest-timeout's limit per test on the reference machine (pyproject's `timeout`).
-TIMEOUT_S = 900
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         module = item.path.stem
         return LONG_FIRST.index(module) if module in LONG_FIRST else len(LONG_FIRST)
 
     items.sort(key=rank)  # stable: the order within a module is kept
-    # pytest-timeout's limit (pyproject's 900 s) scales with the run's
-    # slowdown like every other limit here: a farm test on a busy machine
-    # is slower, not hung.
-    limit = scaled(TIMEOUT_S)
+    # pytest-timeout's limit (pyproject's `timeout`, per test on the reference
+    # machine) scales with the run's slowdown like every other limit here: a
+    # farm test on a busy machine is slower, not hung.
+    limit = scaled(float(config.getini("timeout")))
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(limit))
