@@ -58,7 +58,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from farm.build.sandbox import compilers_on_path, run_isolated, without_compilers  # noqa: E402
+from farm.build.child_env import compilers_on_path, without_compilers  # noqa: E402
+from farm.build.sandbox import run_isolated  # noqa: E402
 from farm.core.specs import JobSpec  # noqa: E402
 
 MODELS: dict[str, tuple[str, dict[str, Any], str]] = {

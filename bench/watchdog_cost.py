@@ -1,6 +1,6 @@
 """What the sandbox's memory watchdog costs the worker that runs a build.
 
-Every build child (trace, compile, verify) runs under ``farm.build.sandbox``'s
+Every build child (trace, compile, verify) runs under ``farm.build.watchdog``'s
 watchdog, which samples the resident set of the child's whole process tree
 every 50 ms. Finding the tree's members means reading every process's
 ``/proc/<pid>/stat`` on the machine (psutil's parent map), so the cost grows
@@ -31,13 +31,13 @@ from pathlib import Path
 
 import psutil
 
-from farm.build import sandbox
+from farm.build import sandbox, watchdog
 
 NAP = "import time\n\ndef nap(p):\n    time.sleep(p['s'])\n    return 1\n"
 
 
 def worker_cpu_per_s(rescan_every: int, child_s: float, code: Path) -> float:
-    sandbox._RESCAN_EVERY = rescan_every  # the knob under test
+    watchdog._RESCAN_EVERY = rescan_every  # the knob under test
     t0, w0 = time.process_time(), time.monotonic()
     res = sandbox.run_isolated("farm_bench_nap:nap", {"s": child_s}, timeout_s=child_s + 60,
                                memory_mb=4000, import_paths=[code])
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--procs", type=int, nargs="*", default=[0, 150, 300])
     ap.add_argument("--child-s", type=float, default=10.0)
     args = ap.parse_args()
-    default = sandbox._RESCAN_EVERY
+    default = watchdog._RESCAN_EVERY
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         code = Path(tmp)

@@ -16,7 +16,8 @@ def run_worker(
     loglevel: str = "INFO",
     hostname: str | None = None,
 ) -> None:
-    from farm.build.sandbox import SandboxUnavailable, check_worker_can_isolate
+    from farm.build.isolation import SandboxUnavailable
+    from farm.build.sandbox import check_worker_can_isolate
     from farm.core.target import detect_local_target
     from workers import lifecycle
     from workers.app import app

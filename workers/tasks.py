@@ -21,7 +21,8 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from farm.build.codeenv import NO_DEPS_HINT, CodeUnavailable, code_dir, code_root, env_dir, env_root
 from farm.build.compile_cache import CacheSession, namespace, open_store
-from farm.build.sandbox import SandboxResult, SandboxUnavailable, build_isolation, run_isolated
+from farm.build.isolation import SandboxUnavailable
+from farm.build.sandbox import SandboxResult, build_isolation, run_isolated
 from farm.build.steps import compile_env
 from farm.build.toolchain import current_compiler
 from farm.core.specs import JobSpec

@@ -10,12 +10,14 @@ endless compile costs one child, not the worker.
   (pipes would deadlock on large outputs and mix with the child's own prints).
 - Time: a wall-clock limit; on expiry the whole process group is killed
   (SIGTERM, then SIGKILL), so the g++ and compile-pool grandchildren die too.
-- Memory: a watchdog samples the resident set of the child and all its
+- Memory: a watchdog (``farm.build.watchdog``) samples the resident set of the child and all its
   descendants and kills the group above the limit. ``RLIMIT_AS`` is not used:
   CUDA reserves far more virtual address space than it ever touches, so an
   address-space limit breaks every GPU child.
-- Environment: the farm's credentials never reach model code (see ``SCRUBBED``).
-- Isolation (``Isolation``, what build children get): the child runs under
+- Environment: the farm's credentials never reach model code
+  (``farm.build.child_env``).
+- Isolation (``Isolation``, what build children get; ``farm.build.isolation``
+  writes bubblewrap's command line): the child runs under
   bubblewrap in its own user, pid, net, mount, ipc and uts namespaces, as an
   unprivileged uid (``FARM_SANDBOX_UID``, by default 65534 "nobody", when the
   worker is root; the worker's own uid mapped to that number otherwise). It
@@ -42,13 +44,11 @@ import importlib
 import json
 import logging
 import os
-import re
 import shutil
 import signal as signal_mod
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -56,57 +56,30 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
+from farm.build.child_env import allowed_env, scrubbed_env
+from farm.build.isolation import (
+    DEFAULT_SANDBOX_UID,
+    NO_BWRAP,
+    SANDBOX_MODES,
+    Isolation,
+    SandboxUnavailable,
+    bwrap_argv,
+    farm_package_dir,
+    setpriv,
+)
+from farm.build.watchdog import watch as watch_child
 
 log = logging.getLogger(__name__)
 
-# Exact names and name prefixes of environment variables that the child never
-# sees: the farm's database, broker, blob store and signing credentials, and
-# cloud credentials that model code could use to reach the farm's bucket.
-SCRUBBED = frozenset({
-    "DATABASE_URL",
-    "REDIS_URL",
-    "BROKER_URL",
-    "CELERY_BROKER_URL",
-    "CELERY_RESULT_BACKEND",
-    "BLOB_STORE_URL",
-    "FARM_TOKEN",
-    "FARM_ADMIN_TOKEN",
-    "FARM_SIGNING_KEY",
-    # Where the worker's builder key and the API's name key are (docs/security.md).
-    "FARM_BUILDER_KEY",
-    "FARM_NAME_KEY",
-    "SSH_AUTH_SOCK",
-    "GOOGLE_APPLICATION_CREDENTIALS",
-})
-# libpq's PG* variables reach the database with no URL at all (PGHOST, PGUSER).
-SCRUBBED_PREFIXES = ("AWS_", "S3_", "MINIO_", "AZURE_", "PG", "CELERY_")
-# The farm's own configuration goes too (every variable ``farm.core.settings``
-# reads, and the workers' knobs): it names the database, the broker, the
-# bucket and where the signing key and SQLite file live (FARM_HOME).
-# Settings the children read themselves (CHILD_SETTINGS: FARM_COORDESC) stay.
-FARM_KNOBS = frozenset({"FARM_ISA_CACHE", "FARM_AOTI_CHECK_CACHE"})
-# Anything that looks like a secret by name goes too.
-SCRUBBED_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY")
-
 # What a child's crash, time-out or memory-out reports keep of its output.
 TAIL_CHARS = 8000
-_POLL_S = 0.05
-# Samples between two look-ups of the child's process tree (_Tree).
-_RESCAN_EVERY = 10
-_TERM_GRACE_S = 2.0
 _RESULT = "result.json"
 _PAYLOAD = "payload.json"
 
-# C/C++ compiler names hidden by ``without_compilers`` (inductor looks up g++,
-# c++, clang++ and the CXX variable).
-COMPILER_NAMES = ("gcc", "g++", "cc", "c++", "c89", "c99", "clang", "clang++", "icx", "icpx", "cpp")
-# gcc, g++-12, x86_64-linux-gnu-g++-12, clang++-17; not gcc-ar or c++filt.
-_COMPILER_RE = re.compile(
-    r"^(?:[A-Za-z0-9_.]+-)*(?:"
-    + "|".join(re.escape(c) for c in COMPILER_NAMES)
-    + r")(?:-[0-9.]+)?$"
-)
+# rlimits of an isolated child (besides RLIMIT_CORE=0 for every child).
+ISOLATED_NPROC = 4096
+ISOLATED_FSIZE = 64 * 1024**3
+
 
 
 @dataclass
@@ -143,68 +116,6 @@ class SandboxResult:
         return f"exited with code {self.exit_code}"
 
 
-def scrubbed_env(
-    base: Mapping[str, str] | None = None, extra: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """``base`` (default: this process's environment) without the farm's secrets,
-    then ``extra`` on top (the caller's explicit choice, never scrubbed)."""
-    env = {k: v for k, v in (os.environ if base is None else base).items() if not _is_secret(k)}
-    env.update(extra or {})
-    return env
-
-
-@functools.lru_cache(maxsize=1)
-def _farm_settings() -> frozenset[str]:
-    from farm.core.settings import CHILD_SETTINGS, Settings
-
-    names = set(Settings.model_fields) - CHILD_SETTINGS
-    return frozenset(name.upper() for name in names) | FARM_KNOBS
-
-
-def _is_secret(name: str) -> bool:
-    upper = name.upper()
-    return (
-        upper in SCRUBBED
-        or upper in _farm_settings()
-        or upper.startswith(SCRUBBED_PREFIXES)
-        or any(m in upper for m in SCRUBBED_MARKERS)
-    )
-
-
-SANDBOX_MODES = ("on", "auto", "off")
-DEFAULT_SANDBOX_UID = 65534
-# Environment variables an isolated child keeps (then scrubbed as usual):
-# locale, the Python, torch, compiler and accelerator runtime knobs. A value
-# under any other name, however innocent it looks, stays with the worker.
-ENV_ALLOWED = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONHASHSEED",
-                         "PYTHONFAULTHANDLER", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
-                         "PYTHONWARNINGS", "CC", "CXX", "CPP", "LD_LIBRARY_PATH",
-                         "FARM_COORDESC"})
-ENV_ALLOWED_PREFIXES = ("LC_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "TRITON_", "CUDA_",
-                        "NVIDIA_", "CUBLAS", "CUDNN_", "NCCL_", "PYTORCH_", "INDUCTOR_")
-# A private /tmp is tmpfs, i.e. memory the RSS watchdog does not see: bounded.
-MAX_TMPFS_MB = 4096
-# rlimits of an isolated child (besides RLIMIT_CORE=0 for every child).
-ISOLATED_NPROC = 4096
-ISOLATED_FSIZE = 64 * 1024**3
-
-
-class SandboxUnavailable(RuntimeError):
-    """Model code cannot be isolated here; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class Isolation:
-    """What an isolated child sees besides the system (``/usr``), the Python
-    installation and the ``farm`` package: ``readonly`` paths (an artifact to
-    verify) and ``writable`` ones (its build directory), each at its own path.
-    ``import_paths`` (code packs) are mounted read-only too."""
-
-    readonly: tuple[str, ...] = ()
-    writable: tuple[str, ...] = ()
-    uid: int = DEFAULT_SANDBOX_UID
-
-
 def run_isolated(
     target: str,
     payload: Mapping[str, Any],
@@ -231,10 +142,10 @@ def run_isolated(
         raise ValueError(f"bad sandbox target {target!r}: expected 'package.module:function'")
     child_env = scrubbed_env(env, env_extra)
     if isolation is not None:
-        child_env = _allowed_env(child_env, env_extra)
+        child_env = allowed_env(child_env, env_extra)
     # The child must import farm (and the target) the way this process does,
     # even when farm is not installed but only on sys.path (a source checkout).
-    farm_root = str(_farm_package_dir().parent)
+    farm_root = str(farm_package_dir().parent)
     paths = [str(Path(p)) for p in import_paths]
     child_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (*paths, farm_root, "" if isolation else child_env.get("PYTHONPATH", "")) if p
@@ -271,7 +182,7 @@ def run_isolated(
                 # terminal does not reach it.
                 start_new_session=True,
             )
-            watch = _watch(proc, timeout_s=timeout_s, memory_mb=memory_mb)
+            watch = watch_child(proc, timeout_s=timeout_s, memory_mb=memory_mb)
         wall = time.monotonic() - t0
         res = SandboxResult(
             ok=False,
@@ -321,175 +232,6 @@ def _first_bwrap_line(res: SandboxResult) -> str:
     return next((ln for ln in res.stderr_tail.splitlines() if "bwrap:" in ln), "")
 
 
-def _allowed_env(env: Mapping[str, str], extra: Mapping[str, str] | None) -> dict[str, str]:
-    keep = {k: v for k, v in env.items()
-            if k in ENV_ALLOWED or k.startswith(ENV_ALLOWED_PREFIXES)}
-    keep.update(extra or {})
-    return keep
-
-
-def _farm_package_dir() -> Path:
-    return Path(__file__).resolve().parents[1]
-
-
-# --- isolation: bubblewrap ------------------------------------------------------------
-
-
-def _python_roots() -> list[Path]:
-    """The Python installation the child runs: prefixes, site directories and
-    the ``farm`` package (an editable install lives outside site-packages)."""
-    import site
-    import sysconfig
-
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).parent)}
-    paths = sysconfig.get_paths()
-    roots.update(paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib",
-                                            "include"))
-    with contextlib.suppress(AttributeError):
-        roots.update(site.getsitepackages())
-    out = [Path(r).resolve() for r in roots if r and Path(r).exists()]
-    out.append(_farm_package_dir())
-    # The interpreter itself, when the venv's python is a link to it.
-    exe = Path(sys.executable).resolve()
-    out.append(exe.parent.parent if exe.parent.name == "bin" else exe.parent)
-    return out
-
-
-def _system_roots() -> list[tuple[str, Path]]:
-    """(kind, path) of the system parts: /usr and the merged-/usr links, the
-    dynamic loader's configuration and the compiler alternatives."""
-    out: list[tuple[str, Path]] = [("ro", Path("/usr"))]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        p = Path("/") / name
-        if p.is_symlink():
-            out.append(("link", p))
-        elif p.is_dir():
-            out.append(("ro", p))
-    for etc in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime"):
-        p = Path("/etc") / etc
-        if p.exists():
-            out.append(("ro", p))
-    # Thread counts and CPU topology (OpenMP, torch.get_num_threads, the ISA probe).
-    for p in (Path("/sys/devices/system/cpu"), Path("/sys/fs/cgroup")):
-        if p.exists():
-            out.append(("ro", p))
-    return out
-
-
-def _covered(p: Path, roots: Sequence[Path]) -> bool:
-    return any(p == r or r in p.parents for r in roots)
-
-
-def bwrap_argv(
-    argv: Sequence[str],
-    *,
-    isolation: Isolation,
-    tmpdir: Path,
-    readonly: Sequence[str | Path],
-    env: Mapping[str, str],
-    cwd: str | Path | None,
-    memory_mb: float,
-) -> list[str]:
-    """The bubblewrap command line that runs ``argv`` isolated."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        raise SandboxUnavailable(_NO_BWRAP)
-    root = os.geteuid() == 0
-    args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--hostname", "farm-sandbox"]
-    if not root:
-        # The worker's own uid, mapped to the sandbox's number inside a user
-        # namespace of its own.
-        args += ["--unshare-user", "--uid", str(isolation.uid), "--gid", str(isolation.uid)]
-    mounted: list[Path] = []
-    made: set[Path] = set()
-
-    def ancestors(p: Path) -> None:
-        # Directories bubblewrap makes on its own are 0700 (root's): the
-        # unprivileged child could not walk through them.
-        for a in reversed(p.parents):
-            if a == Path("/") or a in made or _covered(a, mounted):
-                continue
-            args.extend(["--perms", "0755", "--dir", str(a)])
-            made.add(a)
-
-    def bind(kind: str, p: Path) -> None:
-        if _covered(p, mounted):
-            return
-        ancestors(p)
-        flag = {"ro": "--ro-bind", "rw": "--bind", "dev": "--dev-bind"}[kind]
-        args.extend([flag, str(p), str(p)])
-        mounted.append(p)
-
-    for kind, p in _system_roots():
-        if kind == "link":
-            args.extend(["--symlink", os.readlink(p), str(p)])
-        else:
-            bind(kind, p)
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    for dev in sorted(Path("/dev").glob("nvidia*")):  # GPU workers
-        args.extend(["--dev-bind", str(dev), str(dev)])
-    tmpfs_mb = int(max(64, min(MAX_TMPFS_MB, memory_mb)))
-    args += ["--size", str(tmpfs_mb * 2**20), "--perms", "1777", "--tmpfs", "/tmp"]
-    made.add(Path("/tmp"))
-    # The files the child writes the result to, its HOME, its user name.
-    passwd = tmpdir / "passwd"
-    passwd.write_text(f"sandbox:x:{isolation.uid}:{isolation.uid}:farm build sandbox:"
-                      f"{tmpdir / 'home'}:/usr/sbin/nologin\n")
-    group = tmpdir / "group"
-    group.write_text(f"sandbox:x:{isolation.uid}:\n")
-    for py in _python_roots():
-        bind("ro", py)
-    for ro in readonly:
-        bind("ro", Path(ro).resolve())
-    for var in ("CXX", "CC"):
-        # A compiler outside /usr (the H200 image's /opt/gcc): its install tree.
-        exe = env.get(var)
-        if exe and os.path.isabs(exe) and Path(exe).exists():
-            where = Path(exe).resolve().parent
-            bind("ro", where.parent if where.name == "bin" else where)
-    for entry in env.get("PATH", "").split(os.pathsep):
-        if _NO_CC_DIR is not None and entry == str(_NO_CC_DIR):
-            bind("ro", _NO_CC_DIR)  # the compiler-free PATH of a verify child
-    for rw in isolation.writable:
-        bind("rw", Path(rw).resolve())
-    bind("rw", tmpdir)
-    args += ["--ro-bind", str(passwd), "/etc/passwd", "--ro-bind", str(group), "/etc/group"]
-    work = Path(cwd).resolve() if cwd and _covered(Path(cwd).resolve(), mounted) else tmpdir
-    args += ["--chdir", str(work)]
-    if root:
-        # Mounts are made as root; the model runs as the sandbox uid with no
-        # capabilities at all (setpriv keeps none across exec).
-        _chown_tree(tmpdir, isolation.uid)
-        for rw in isolation.writable:
-            _chown_tree(Path(rw), isolation.uid)
-        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--", _setpriv(),
-                 f"--reuid={isolation.uid}", f"--regid={isolation.uid}", "--clear-groups",
-                 "--inh-caps=-all", "--bounding-set=-all"]
-    else:
-        args.append("--")
-    return [*args, *argv]
-
-
-def _chown_tree(top: Path, uid: int) -> None:
-    for dirpath, _, filenames in os.walk(top):
-        with contextlib.suppress(OSError):
-            os.chown(dirpath, uid, uid)
-        for f in filenames:
-            with contextlib.suppress(OSError):
-                os.chown(Path(dirpath) / f, uid, uid, follow_symlinks=False)
-
-
-_NO_BWRAP = ("bubblewrap (bwrap) is not installed, so model code cannot be isolated from the "
-             "worker's credentials: install it (Debian/Ubuntu: apt-get install -y bubblewrap), "
-             "or, for development on a machine you trust, set FARM_SANDBOX=off")
-
-
-def _setpriv() -> str:
-    exe = shutil.which("setpriv") or "/usr/bin/setpriv"
-    return exe
-
-
 @functools.lru_cache(maxsize=4)
 def isolation_unavailable(uid: int = DEFAULT_SANDBOX_UID) -> str | None:
     """Why model code cannot be isolated on this machine (None: it can).
@@ -498,8 +240,8 @@ def isolation_unavailable(uid: int = DEFAULT_SANDBOX_UID) -> str | None:
     same command line a build uses, so a kernel or a container that forbids
     namespaces is found here, at worker start, not in the first build."""
     if shutil.which("bwrap") is None:
-        return _NO_BWRAP
-    if os.geteuid() == 0 and not Path(_setpriv()).exists():
+        return NO_BWRAP
+    if os.geteuid() == 0 and not Path(setpriv()).exists():
         return "setpriv (util-linux) is not installed: the sandbox needs it to drop to its uid"
     try:
         res = run_isolated("farm.build.sandbox:_probe", {}, timeout_s=60, memory_mb=4096,
@@ -595,96 +337,6 @@ def check_worker_can_isolate(mode: str | None = None) -> None:
                 "unisolated", why)
 
 
-@dataclass
-class _Watch:
-    timed_out: bool = False
-    oom: bool = False
-    peak_rss_mb: float = 0.0
-
-
-def _watch(proc: subprocess.Popen[bytes], *, timeout_s: float, memory_mb: float) -> _Watch:
-    """Wait for ``proc``; kill its group on time-out or memory-out."""
-    w = _Watch()
-    deadline = time.monotonic() + timeout_s
-    try:
-        tree = _Tree(psutil.Process(proc.pid))
-    except psutil.Error:  # already gone
-        proc.wait()
-        return w
-    while proc.poll() is None:
-        rss = tree.rss_mb()
-        w.peak_rss_mb = max(w.peak_rss_mb, rss)
-        if rss > memory_mb:
-            w.oom = True
-            _kill_tree(proc, tree.root, grace_s=0.0)
-            break
-        if time.monotonic() > deadline:
-            w.timed_out = True
-            _kill_tree(proc, tree.root, grace_s=_TERM_GRACE_S)
-            break
-        time.sleep(_POLL_S)
-    proc.wait()
-    return w
-
-
-class _Tree:
-    """The child and its descendants, for the memory watchdog.
-
-    Finding descendants reads every ``/proc/<pid>/stat`` on the machine
-    (psutil's parent map; Linux without CONFIG_PROC_CHILDREN has no cheaper
-    way). Done at every 50 ms sample, that cost the worker 13% of a core per
-    running child beside 230 processes and 23% beside 380
-    (bench/watchdog_cost.py), on every build. So the tree is looked up again
-    every ``_RESCAN_EVERY`` samples, or when a known member has exited, and
-    the known members' resident sets are read at every sample: a new
-    grandchild (a g++) is counted within half a second, the model's own
-    process from its first sample on."""
-
-    def __init__(self, root: psutil.Process) -> None:
-        self.root = root
-        self.members: list[psutil.Process] = [root]
-        self._samples = 0
-
-    def _rescan(self) -> None:
-        with contextlib.suppress(psutil.Error):
-            self.members = [self.root, *self.root.children(recursive=True)]
-
-    def rss_mb(self) -> float:
-        if self._samples % _RESCAN_EVERY == 0:
-            self._rescan()
-        self._samples += 1
-        total = 0
-        gone = False
-        for p in self.members:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                gone = True
-        if gone:  # the tree changed: look again at the next sample
-            self._samples = 0
-        return total / 2**20
-
-
-def _kill_tree(proc: subprocess.Popen[bytes], root: psutil.Process, *, grace_s: float) -> None:
-    """SIGTERM (after ``grace_s``: SIGKILL) to the child's process group, and to
-    any descendant that left the group (a compile worker with its own session)."""
-    try:
-        stray = root.children(recursive=True)
-    except psutil.Error:
-        stray = []
-    pgid = proc.pid  # start_new_session: the child leads its own group
-    if grace_s > 0:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal_mod.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace_s)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal_mod.SIGKILL)
-    for p in stray:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-
-
 def _tail(path: Path, limit: int = TAIL_CHARS) -> str:
     try:
         size = path.stat().st_size
@@ -700,58 +352,6 @@ def _signal_name(num: int) -> str:
         return signal_mod.Signals(num).name
     except ValueError:
         return f"signal {num}"
-
-
-# --- environments for cold-node checks ------------------------------------------
-
-_NO_CC_DIR: Path | None = None
-_NO_CC_LOCK = threading.Lock()
-
-
-def _is_compiler(name: str) -> bool:
-    return _COMPILER_RE.match(name) is not None
-
-
-def without_compilers(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default: this process's) as seen by a node with no C/C++ compiler.
-
-    PATH becomes one directory of links to every executable on the original
-    PATH except compilers, and CC/CXX are unset: a child can still run the
-    ordinary tools it finds on PATH but cannot compile C++.
-    """
-    global _NO_CC_DIR
-    env = dict(os.environ if env is None else env)
-    path = env.get("PATH", os.defpath)
-    with _NO_CC_LOCK:
-        if _NO_CC_DIR is None or not _NO_CC_DIR.exists():
-            d = Path(tempfile.mkdtemp(prefix="farm-nocc-bin-"))
-            for entry in path.split(os.pathsep):
-                p = Path(entry)
-                if not p.is_dir():
-                    continue
-                with contextlib.suppress(OSError):
-                    for exe in p.iterdir():
-                        if _is_compiler(exe.name) or (d / exe.name).exists():
-                            continue
-                        if exe.is_file() and os.access(exe, os.X_OK):
-                            with contextlib.suppress(OSError):
-                                (d / exe.name).symlink_to(exe)
-            _NO_CC_DIR = d
-    env["PATH"] = str(_NO_CC_DIR)
-    for var in ("CC", "CXX", "CPP", "TORCHINDUCTOR_CPP_COMPILER"):
-        env.pop(var, None)
-    return env
-
-
-def compilers_on_path(env: Mapping[str, str]) -> dict[str, str]:
-    """Which compilers ``env``'s PATH finds (empty: none)."""
-    path = env.get("PATH", "")
-    found = {}
-    for name in ("gcc", "g++", "cc", "c++", "clang", "clang++"):
-        where = shutil.which(name, path=path)
-        if where:
-            found[name] = where
-    return found
 
 
 # --- the child side ---------------------------------------------------------------

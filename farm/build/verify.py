@@ -38,8 +38,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from farm.build.child_env import compilers_on_path, without_compilers
 from farm.build.compile_watch import CompileWatch, autotuned_in, compiled_in
-from farm.build.sandbox import Isolation, compilers_on_path, run_isolated, without_compilers
+from farm.build.isolation import Isolation
+from farm.build.sandbox import run_isolated
 from farm.core.cpu_isa import isa_check_env
 from farm.core.specs import Dim, GradMode, JobSpec, TensorSpec, call_args
 

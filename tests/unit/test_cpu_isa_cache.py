@@ -231,7 +231,7 @@ def test_a_node_reads_the_isa_from_cpu_flags_without_a_compiler(tmp_path: Path) 
     import subprocess
     import sys
 
-    from farm.build.sandbox import without_compilers
+    from farm.build.child_env import without_compilers
 
     monkey_env = {k: v for k, v in without_compilers().items() if k != "CXX"}
     monkey_env["FARM_ISA_CACHE"] = "off"

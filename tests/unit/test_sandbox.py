@@ -13,7 +13,8 @@ from typing import Any
 import psutil
 import pytest
 
-from farm.build.sandbox import compilers_on_path, run_isolated, scrubbed_env, without_compilers
+from farm.build.child_env import compilers_on_path, scrubbed_env, without_compilers
+from farm.build.sandbox import run_isolated
 
 HERE = "tests.unit.test_sandbox"
 

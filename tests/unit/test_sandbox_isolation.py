@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from farm.build import sandbox
+from farm.build.isolation import DEFAULT_SANDBOX_UID, Isolation, SandboxUnavailable
 from farm.build.sandbox import (
-    Isolation,
-    SandboxUnavailable,
     build_isolation,
     check_worker_can_isolate,
     isolation_unavailable,
@@ -128,7 +127,7 @@ def test_the_child_sees_nothing_of_the_worker(probe_dir: Path, tmp_path: Path,
     assert res.ok, (res.error, res.traceback, res.stderr_tail)
     v = res.value
     if os.geteuid() == 0:
-        assert v["uid"] == sandbox.DEFAULT_SANDBOX_UID, v["uid"]
+        assert v["uid"] == DEFAULT_SANDBOX_UID, v["uid"]
     assert os.getpid() not in v["pids"] and len(v["pids"]) <= 3, v["pids"]
     assert v["parent_environ"] == "FileNotFoundError", v["parent_environ"]
     assert not v["pid1_environ"].startswith("READ:") or planted not in v["pid1_environ"]
