@@ -67,8 +67,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from farm.build.compile import compile_artifacts
+    from farm.core.inputs import parse_inputs
     from farm.core.modelref import apply_grad_mode, build_real, example_inputs, grad_context
-    from farm.core.specs import CompileOptions, GradMode, JobSpec, ModelRef, parse_inputs
+    from farm.core.specs import CompileOptions, GradMode, JobSpec, ModelRef
     from farm.node.loader import load_artifact
 
     if args.threads:

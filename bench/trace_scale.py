@@ -67,7 +67,8 @@ def child_farm(args: argparse.Namespace) -> dict[str, Any]:
     import torch  # noqa: F401  (counted in import_s, as a trace worker pays it)
 
     from farm.build.trace import trace
-    from farm.core.specs import JobSpec, ModelRef, parse_inputs
+    from farm.core.inputs import parse_inputs
+    from farm.core.specs import JobSpec, ModelRef
 
     t_imported = time.time()
     entry = "farm.zoo.hf:llama_preset" if args.model == "hf" else "farm.zoo.llama:llama"

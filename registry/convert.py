@@ -13,15 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from farm.core.elf import LIBSTDCXX_VERSION_RE, libstdcxx_versions
-from farm.core.specs import (
-    CompileOptions,
-    GradMode,
-    SpecError,
-    TensorSpec,
-    build_key,
-    format_inputs,
-    parse_input_list,
-)
+from farm.core.inputs import TensorSpec, format_inputs, parse_input_list
+from farm.core.specs import CompileOptions, GradMode, SpecError, build_key
 from farm.core.target import Target, TargetError
 from registry import models
 from registry.entities import FORMATS, ArtifactRecord

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from farm.core.specs import CompileOptions, GradMode, TensorSpec
+from farm.core.inputs import TensorSpec
+from farm.core.specs import CompileOptions, GradMode
 from farm.core.target import Target
 
 # Artifact formats. "aot_compile": torch.compile(...).aot_compile bytes, loaded

@@ -106,17 +106,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from farm.core.elf import libstdcxx_versions, missing_versions
+from farm.core.inputs import Dim, TensorSpec, format_inputs, inputs_cover
 from farm.core.specs import (
     BACKENDS,
     COMPILE_MODES,
     GUARD_FILTERS,
     CompileOptions,
-    Dim,
     GradMode,
     MeshLayout,
-    TensorSpec,
-    format_inputs,
-    inputs_cover,
 )
 from farm.core.target import Target
 from registry.entities import FORMATS, ArtifactRecord

@@ -31,14 +31,8 @@ from farm.app.console import (
     _first_line,
 )
 from farm.app.subcommands import arg, command, group
-from farm.core.specs import (
-    BACKENDS,
-    COMPILE_MODES,
-    GUARD_FILTERS,
-    WEIGHT_MODES,
-    SpecError,
-    TensorSpec,
-)
+from farm.core.inputs import TensorSpec
+from farm.core.specs import BACKENDS, COMPILE_MODES, GUARD_FILTERS, WEIGHT_MODES, SpecError
 from farm.core.target import Target, TargetError, TargetSelector
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

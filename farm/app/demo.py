@@ -52,8 +52,9 @@ def node(argv: list[str]) -> int:
 
     import torch
 
+    from farm.core.inputs import TensorSpec
     from farm.core.modelref import build_module
-    from farm.core.specs import ModelRef, TensorSpec
+    from farm.core.specs import ModelRef
 
     handle = None
     if a.mode == "farm":

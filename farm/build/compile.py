@@ -77,6 +77,7 @@ from farm.build.guards import GuardPolicy, global_state
 from farm.core.cpu_isa import detect_cpu_isa
 from farm.core.digests import sha256_file
 from farm.core.elf import package_linkage
+from farm.core.inputs import call_args
 from farm.core.modelref import (
     apply_grad_mode,
     build_module,
@@ -85,7 +86,7 @@ from farm.core.modelref import (
     grad_context,
 )
 from farm.core.parallel import build_mesh, fake_group, parallelize, replicate
-from farm.core.specs import GradMode, JobSpec, call_args, canonical_json
+from farm.core.specs import GradMode, JobSpec, canonical_json
 from farm.core.torch_compat import enable_aot_compile
 from farm.node.bundle import write_bundle
 from farm.node.loader import AOTI_META_KEY, FORMAT_AOT_COMPILE, FORMAT_AOTI, _describe, call_module

@@ -36,8 +36,9 @@ import torch
 from torch import nn
 
 from farm.build.guards import GuardPolicy
+from farm.core.inputs import TensorSpec
 from farm.core.modelref import apply_grad_mode, build_module, mark_dynamic_dims
-from farm.core.specs import JobSpec, TensorSpec
+from farm.core.specs import JobSpec
 from farm.node.weight_check import weights_manifest
 
 WEIGHTS_EMPTY = "empty"

@@ -33,8 +33,9 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from farm.core import attest
+from farm.core.inputs import format_inputs
 from farm.core.signing import SigningKeyError, load_or_create_signing_key, load_private_key
-from farm.core.specs import JobSpec, format_inputs
+from farm.core.specs import JobSpec
 from farm.core.target import Target
 
 log = logging.getLogger(__name__)

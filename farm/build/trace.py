@@ -55,6 +55,7 @@ from torch import nn
 from farm.build.graph_analysis import _analyse
 from farm.build.regions import repeated_blocks
 from farm.core import fingerprint as fp
+from farm.core.inputs import call_args
 from farm.core.modelref import (
     apply_grad_mode,
     build_module,
@@ -68,7 +69,7 @@ from farm.core.modelref import (
     model_class_name,
 )
 from farm.core.parallel import build_mesh, fake_group, parallelize, replicate
-from farm.core.specs import JobSpec, call_args
+from farm.core.specs import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,8 @@ from farm.build.compile_watch import CompileWatch, autotuned_in, compiled_in
 from farm.build.isolation import Isolation
 from farm.build.sandbox import run_isolated
 from farm.core.cpu_isa import isa_check_env
-from farm.core.specs import Dim, GradMode, JobSpec, TensorSpec, call_args
+from farm.core.inputs import Dim, TensorSpec, call_args
+from farm.core.specs import GradMode, JobSpec
 
 SEED = 1234  # weights and inputs of a verification run; any fixed value will do
 STEADY_CALLS = 10

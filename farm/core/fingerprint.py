@@ -25,7 +25,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from farm.core.specs import CompileOptions, GradMode, TensorSpec, format_inputs
+from farm.core.inputs import TensorSpec, format_inputs
+from farm.core.specs import CompileOptions, GradMode
 
 # /2: the code (pack digest, entrypoint and the built class) is part of it.
 # /3: and the structure of what the program returns (``return_structure``).

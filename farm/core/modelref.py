@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from farm.core.specs import GradMode, ModelRef, TensorSpec
+from farm.core.inputs import TensorSpec
+from farm.core.specs import GradMode, ModelRef
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from farm.core.specs import (
-    GradMode,
-    SpecError,
-    TensorSpec,
-    canonical_inputs,
-    parse_inputs,
-)
+from farm.core.inputs import TensorSpec, canonical_inputs, parse_inputs
+from farm.core.specs import GradMode, SpecError
 from farm.core.target import Target
 
 

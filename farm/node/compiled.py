@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.core.specs import GradMode, SpecError, TensorSpec
+from farm.core.inputs import TensorSpec
+from farm.core.specs import GradMode, SpecError
 from farm.core.target import Target, TargetError
 from farm.core.text import first_line
 from farm.node.arguments import as_grad_mode, as_input_specs, as_target

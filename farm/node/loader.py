@@ -336,7 +336,7 @@ class AOTIFunction:
         # taken from their places, in the order the package was exported with.
         self._specs = None
         if any(c.get("name") for c in self._inputs):
-            from farm.core.specs import parse_inputs
+            from farm.core.inputs import parse_inputs
 
             self._specs = parse_inputs(meta.get("inputs") or [])
         self._ptrs: list[int] = []
@@ -395,7 +395,8 @@ class AOTIFunction:
                 raise RuntimeError(f"{GUARD_FAILURE}, reason: the package takes positional "
                                    f"inputs only, got keywords {sorted(kwargs)}")
             return list(args)
-        from farm.core.specs import SpecError, call_leaves
+        from farm.core.inputs import call_leaves
+        from farm.core.specs import SpecError
 
         try:
             return call_leaves(self._specs, args, kwargs)

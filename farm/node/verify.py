@@ -34,17 +34,14 @@ from typing import Any
 
 from farm.core import attest
 from farm.core.digests import sha256_file
-from farm.core.specs import (
-    CompileOptions,
-    GradMode,
-    SpecError,
+from farm.core.inputs import (
     TensorSpec,
-    build_key,
     format_inputs,
     inputs_cover,
     parse_input_list,
     parse_inputs,
 )
+from farm.core.specs import CompileOptions, GradMode, SpecError, build_key
 from farm.core.target import Target, TargetError
 from farm.node.errors import IntegrityError
 

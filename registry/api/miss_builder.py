@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from farm.core.specs import GradMode, SpecError, parse_input_list
+from farm.core.inputs import parse_input_list
+from farm.core.specs import GradMode, SpecError
 from farm.core.target import Target, TargetError
 from registry import service
 from registry.service import coverage

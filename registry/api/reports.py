@@ -10,7 +10,8 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from farm.core.specs import CompileOptions, JobSpec, SpecError, format_inputs, parse_inputs
+from farm.core.inputs import format_inputs, parse_inputs
+from farm.core.specs import CompileOptions, JobSpec, SpecError
 from farm.core.target import Target, TargetError, TargetSelector
 from registry import service
 from registry.service import coverage

@@ -25,15 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from farm.core.elf import LIBSTDCXX_VERSION_RE
-from farm.core.specs import (
-    CompileOptions,
-    GradMode,
-    MeshLayout,
-    SpecError,
-    TensorSpec,
-    format_inputs,
-    parse_inputs,
-)
+from farm.core.inputs import TensorSpec, format_inputs, parse_inputs
+from farm.core.specs import CompileOptions, GradMode, MeshLayout, SpecError
 from farm.core.target import Target
 from registry import resolver, service
 from registry.entities import FORMATS, ArtifactRecord

@@ -10,10 +10,8 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from farm.core.specs import (
-    JobSpec,
-    format_inputs,
-)
+from farm.core.inputs import format_inputs
+from farm.core.specs import JobSpec
 from farm.core.target import Target
 from registry import models as m
 from registry.convert import artifact_to_record

@@ -16,16 +16,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from farm.core.specs import (
-    CompileOptions,
-    GradMode,
-    JobSpec,
-    SpecError,
-    TensorSpec,
-    format_inputs,
-    inputs_cover,
-    parse_input_list,
-)
+from farm.core.inputs import TensorSpec, format_inputs, inputs_cover, parse_input_list
+from farm.core.specs import CompileOptions, GradMode, JobSpec, SpecError
 from farm.core.target import Target, TargetError, TargetSelector
 from registry import models as m
 from registry import resolver

@@ -14,12 +14,8 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from farm.core.specs import (
-    JobSpec,
-    build_key,
-    canonical_json,
-    format_inputs,
-)
+from farm.core.inputs import format_inputs
+from farm.core.specs import JobSpec, build_key, canonical_json
 from farm.core.target import Target
 from registry import models as m
 from registry.db import Database

@@ -21,7 +21,8 @@ from typing import Any
 
 from sqlalchemy import or_, select, update
 
-from farm.core.specs import GradMode, TensorSpec
+from farm.core.inputs import TensorSpec
+from farm.core.specs import GradMode
 from farm.core.target import Target
 from registry import models as m
 from registry import resolver

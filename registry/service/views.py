@@ -11,11 +11,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from farm.core.specs import (
-    GradMode,
-    TensorSpec,
-    format_inputs,
-)
+from farm.core.inputs import TensorSpec, format_inputs
+from farm.core.specs import GradMode
 from farm.core.target import Target
 from registry import models as m
 from registry.convert import artifact_to_record

@@ -27,8 +27,9 @@ def main() -> None:
 
     import torch
 
+    from farm.core.inputs import parse_inputs
     from farm.core.modelref import build_module
-    from farm.core.specs import GradMode, ModelRef, parse_inputs
+    from farm.core.specs import GradMode, ModelRef
     from farm.core.target import detect_local_target
     from farm.node.client import FarmClient
     from farm.node.loader import load_artifact

@@ -24,8 +24,9 @@ def main() -> None:
 
     import torch
 
+    from farm.core.inputs import parse_inputs
     from farm.core.modelref import load_callable
-    from farm.core.specs import GradMode, parse_inputs
+    from farm.core.specs import GradMode
     from farm.core.target import detect_local_target
     from farm.node.client import FarmClient
 

@@ -21,8 +21,9 @@ def main() -> None:
     import torch
     import torch.utils._pytree as pytree
 
+    from farm.core.inputs import call_args, parse_inputs
     from farm.core.modelref import example_inputs, load_callable
-    from farm.core.specs import GradMode, call_args, parse_inputs
+    from farm.core.specs import GradMode
     from farm.core.target import detect_local_target
     from farm.node.client import FarmClient
 

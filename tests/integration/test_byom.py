@@ -126,7 +126,8 @@ def client(f: FaultFarm) -> Any:
 
 def spec(name: str, version: str, entrypoint: str, inputs: list[str],
          kwargs: dict[str, Any] | None = None) -> Any:
-    from farm.core.specs import JobSpec, ModelRef, parse_inputs
+    from farm.core.inputs import parse_inputs
+    from farm.core.specs import JobSpec, ModelRef
 
     return JobSpec(name=name, version=version, model=ModelRef(entrypoint, kwargs or {}),
                    inputs=parse_inputs(inputs), targets=("cpu",))

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, func, select, text
 
-from farm.core.specs import CompileOptions, GradMode, parse_inputs
+from farm.core.inputs import parse_inputs
+from farm.core.specs import CompileOptions, GradMode
 from farm.core.target import Target
 from registry import models as m
 from registry.convert import BadRow, artifact_row

@@ -24,8 +24,9 @@ def main() -> None:
 
     import torch
 
+    from farm.core.inputs import parse_inputs
     from farm.core.parallel import local, make_mesh, parallelize, replicate, running_layout
-    from farm.core.specs import GradMode, MeshLayout, parse_inputs
+    from farm.core.specs import GradMode, MeshLayout
     from farm.core.target import detect_local_target
     from farm.node.client import FarmClient
     from farm.node.errors import NotFoundError

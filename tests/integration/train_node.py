@@ -29,7 +29,8 @@ def main() -> None:
 
     import torch
 
-    from farm.core.specs import GradMode, parse_inputs
+    from farm.core.inputs import parse_inputs
+    from farm.core.specs import GradMode
     from farm.core.target import detect_local_target
     from farm.core.training import optimizer_tensors
     from farm.node.client import FarmClient

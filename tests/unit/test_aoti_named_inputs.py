@@ -22,7 +22,7 @@ class Runner:
 
 
 def function(inputs: list[str]) -> tuple[AOTIFunction, Runner]:
-    from farm.core.specs import parse_inputs
+    from farm.core.inputs import parse_inputs
 
     specs = parse_inputs(inputs)
     checks = [{"dtype": s.dtype, "device": "cpu", "dims": [[d.lo, d.hi] for d in s.dims],

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from farm.app import cli, commands
-from farm.core.specs import TensorSpec
+from farm.core.inputs import TensorSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 

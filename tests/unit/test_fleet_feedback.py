@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from farm.core.specs import CompileOptions, GradMode, parse_inputs
+from farm.core.inputs import parse_inputs
+from farm.core.specs import CompileOptions, GradMode
 from farm.core.target import Target, TargetSelector
 from farm.node.reports import Report, Reporter
 from registry.entities import ArtifactRecord

@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from farm.core import fingerprint as fp
+from farm.core.inputs import parse_inputs
 from farm.core.modelref import ModelBuildError, build_module, model_class_name
-from farm.core.specs import CompileOptions, GradMode, ModelRef, parse_inputs
+from farm.core.specs import CompileOptions, GradMode, ModelRef
 from farm.node.compiled import class_mismatch
 
 

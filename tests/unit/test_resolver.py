@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from farm.core.specs import CompileOptions, GradMode, TensorSpec, parse_inputs
+from farm.core.inputs import TensorSpec, parse_inputs
+from farm.core.specs import CompileOptions, GradMode
 from farm.core.target import Target
 from registry import resolver
 from registry.entities import ArtifactRecord

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from farm.core.specs import CompileOptions, GradMode, parse_inputs
+from farm.core.inputs import parse_inputs
+from farm.core.specs import CompileOptions, GradMode
 from farm.core.target import Target
 from registry import resolver
 from registry.convert import artifact_row, artifact_to_record

@@ -9,21 +9,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from farm.core.specs import (
+from farm.core.inputs import (
     DTYPES,
     MAX_DIMS,
-    CompileOptions,
     Dim,
-    GradMode,
-    JobSpec,
-    ModelRef,
-    SpecError,
     TensorSpec,
-    build_key,
     format_inputs,
     inputs_cover,
     parse_input_list,
     parse_inputs,
+)
+from farm.core.specs import (
+    CompileOptions,
+    GradMode,
+    JobSpec,
+    ModelRef,
+    SpecError,
+    build_key,
     sha256_text,
 )
 
@@ -431,7 +433,7 @@ def test_positional_inputs_keep_their_text_and_order() -> None:
 
 
 def test_call_args_builds_the_call_and_call_leaves_inverts_it() -> None:
-    from farm.core.specs import call_args, call_leaves
+    from farm.core.inputs import call_args, call_leaves
 
     specs = parse_inputs(["float32[4]", "1.b=float32[2]", "1.a=int64[3]", "float32[5]",
                           "k.z.y=float32[1]", "k.a=float32[1]", "mask=bool[4]"])

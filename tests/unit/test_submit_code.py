@@ -78,7 +78,8 @@ def test_the_client_uploads_a_pack_only_when_the_farm_lacks_it(tmp_path: Path) -
             return httpx.Response(201, json={"id": "j", "state": "queued"})
         return httpx.Response(404, json={"detail": "no"})
 
-    from farm.core.specs import JobSpec, ModelRef, parse_inputs
+    from farm.core.inputs import parse_inputs
+    from farm.core.specs import JobSpec, ModelRef
 
     c = FarmClient(url="http://127.0.0.1:9", token="t", transport=httpx.MockTransport(handler))
     spec = JobSpec(name="m", version="1", model=ModelRef("mymodel:make"),

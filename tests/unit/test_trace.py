@@ -17,6 +17,7 @@ import torch
 
 import tests.models.broken as broken
 from farm.build.trace import CaptureError, DynamicDimError, GraphBreakError, TraceReport, trace
+from farm.core.inputs import parse_inputs
 from farm.core.modelref import (
     ModelBuildError,
     ModelImportError,
@@ -24,7 +25,7 @@ from farm.core.modelref import (
     load_callable,
     materialize,
 )
-from farm.core.specs import CompileOptions, GradMode, JobSpec, ModelRef, parse_inputs
+from farm.core.specs import CompileOptions, GradMode, JobSpec, ModelRef
 from farm.zoo.llama import PRESETS, llama, param_count
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,6 +18,7 @@ from farm.build.verify import (
     describe_input_values,
 )
 from farm.core.fingerprint import return_structure
+from farm.core.inputs import parse_inputs
 from farm.core.modelref import (
     ModelBuildError,
     build_real,
@@ -25,7 +26,7 @@ from farm.core.modelref import (
     embedding_size,
     example_inputs,
 )
-from farm.core.specs import ModelRef, parse_inputs
+from farm.core.specs import ModelRef
 from tests.models.programs import Boxed, TokenModel, add, add_boxed
 
 

@@ -308,7 +308,8 @@ def test_the_client_ships_a_wheel_that_provides_the_module_and_no_tree(
 
     import httpx
 
-    from farm.core.specs import JobSpec, ModelRef, parse_inputs
+    from farm.core.inputs import parse_inputs
+    from farm.core.specs import JobSpec, ModelRef
     from farm.node.client import FarmClient
 
     have: dict[str, bytes] = {}
@@ -344,8 +345,9 @@ def test_a_worker_installs_pins_from_farm_pip_find_links(
     """The worker's own path from job to sandbox paths (workers.tasks._code_paths),
     with the farm setting, not the network: the pack's pin is found in the
     FARM_PIP_FIND_LINKS directory and installed once for the pack's digest."""
+    from farm.core.inputs import parse_inputs
     from farm.core.settings import Settings
-    from farm.core.specs import JobSpec, ModelRef, parse_inputs
+    from farm.core.specs import JobSpec, ModelRef
     from workers import context, tasks
 
     links = tmp_path / "links"
