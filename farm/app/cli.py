@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from farm.app import agent_commands, fleet_commands
+from farm.app import agent_commands, fleet_commands, trust_commands
 from farm.app import commands as cmd
 from farm.app.console import (
     EXIT_FAILURE,
@@ -290,22 +290,24 @@ def build_parser() -> argparse.ArgumentParser:
     keys = group(sub, "keys", "signing keys and the trust list (docs/security.md)",
                  dest="keys_command")
     out = arg("--out", required=True, type=Path, metavar="FILE")
-    command(keys, "generate", cmd.cmd_keys_generate,
+    command(keys, "generate", trust_commands.cmd_keys_generate,
             "a new Ed25519 key pair: FILE (0600) and FILE.pub", out,
             keep_note="on the host that signs with it")
-    command(keys, "generate-root", cmd.cmd_keys_generate,
+    command(keys, "generate-root", trust_commands.cmd_keys_generate,
             "the farm's root key pair; keep FILE offline", out,
             keep_note="offline; nodes pin FILE.pub")
-    command(keys, "enroll", cmd.cmd_keys_enroll, "enrol a builder key, or the API's name key",
+    command(keys, "enroll", trust_commands.cmd_keys_enroll,
+            "enrol a builder key, or the API's name key",
             arg("--name", required=True, help="e.g. the worker pool"),
             arg("--role", choices=("builder", "names"), required=True),
             arg("--public-key", metavar="FILE", default=None,
                 help="the public key (PEM); for --role names, default: the API's own"))
-    command(keys, "list", cmd.cmd_keys_list, "enrolled keys")
-    command(keys, "revoke", cmd.cmd_keys_revoke, "revoke a key (then sign a new trust list)",
+    command(keys, "list", trust_commands.cmd_keys_list, "enrolled keys")
+    command(keys, "revoke", trust_commands.cmd_keys_revoke,
+            "revoke a key (then sign a new trust list)",
             arg("keyid", metavar="KEYID", help="the key id, or a unique prefix of it"),
             arg("--reason", default=""))
-    command(keys, "sign-trust-list", cmd.cmd_keys_sign_trust_list,
+    command(keys, "sign-trust-list", trust_commands.cmd_keys_sign_trust_list,
             "sign the enrolled keys into a new trust list with the root key",
             arg("--root-key", required=True, metavar="FILE", help="the root private key"),
             arg("--expires-days", type=float, default=90.0,
@@ -314,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
                 help="also write the signed envelope here"),
             arg("--no-upload", action="store_true", help="only sign (with --output)"))
 
-    command(sub, "verify", cmd.cmd_verify,
+    command(sub, "verify", trust_commands.cmd_verify,
             "check a fetched file and its attestation, loading nothing",
             arg("file", metavar="FILE", type=Path),
             arg("--root-key", default=None, metavar="PEM",

@@ -22,12 +22,14 @@ from farm.app.console import (
     _first_line,
     _human_size,
     _job_lines,
+    _json_text,
     _print_json,
     _short_target,
     answer,
     concise_error,
     stages,
 )
+from farm.app.subcommands import farm_client
 from farm.core.specs import (
     CompileOptions,
     GradMode,
@@ -37,12 +39,6 @@ from farm.core.specs import (
     TrainSpec,
 )
 from farm.core.target import Target
-
-
-def _client(args: argparse.Namespace) -> Any:
-    from farm.node.client import FarmClient
-
-    return FarmClient(url=args.url)
 
 
 def _resolve_target(text: str) -> Target:
@@ -124,7 +120,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         )
     except SpecError as exc:
         raise UsageError(str(exc)) from None
-    client = _client(args)
+    client = farm_client(args)
     wheels = list(getattr(args, "wheels", None) or [])
     requirements = getattr(args, "requirements", None)
     from farm.core.wheels import WheelError, check_wheel, parse_pinned
@@ -237,7 +233,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     if not re.fullmatch(r"[0-9a-f-]+", args.job_id):
         return model_status(args, args.job_id)  # not a job id: a model's name
-    client = _client(args)
+    client = farm_client(args)
     try:
         view = client.job(args.job_id)
     except NotFoundError:
@@ -269,7 +265,7 @@ def _jobs_lines(jobs: list[dict[str, Any]], *, state: str | None,
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    jobs = _client(args).jobs(state=args.state, model=args.model, limit=args.limit)
+    jobs = farm_client(args).jobs(state=args.state, model=args.model, limit=args.limit)
     return answer(args, jobs, lambda js: _jobs_lines(js, state=args.state, model=args.model))
 
 
@@ -322,7 +318,7 @@ def _artifact_lines(resolved: dict[str, Any]) -> list[str]:
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
-    return answer(args, _resolve(args, _client(args)), _artifact_lines)
+    return answer(args, _resolve(args, farm_client(args)), _artifact_lines)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -331,7 +327,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {out}: is a directory; give a file name")
     if out.exists() and not args.force:
         raise UsageError(f"-o {out}: the file exists; pass --force to overwrite it")
-    client = _client(args)
+    client = farm_client(args)
     resolved = _resolve(args, client)
     # Verified: the attestations against this request, then the digest.
     cached, verified = client.fetch_verified(resolved)
@@ -361,7 +357,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_prefetch(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = farm_client(args)
     resolved = _resolve(args, client)
     started = time.monotonic()
     path = client.fetch(resolved)
@@ -388,7 +384,7 @@ def _models_lines(models: list[dict[str, Any]]) -> Iterator[str]:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    return answer(args, _client(args).models(), _models_lines)
+    return answer(args, farm_client(args).models(), _models_lines)
 
 
 def _targets_lines(body: Any) -> Iterator[str]:
@@ -404,11 +400,11 @@ def _targets_lines(body: Any) -> Iterator[str]:
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
-    return answer(args, _client(args).targets(), _targets_lines)
+    return answer(args, farm_client(args).targets(), _targets_lines)
 
 
 def cmd_alias_set(args: argparse.Namespace) -> int:
-    body = _client(args).set_alias(args.name, args.alias, args.version)
+    body = farm_client(args).set_alias(args.name, args.alias, args.version)
     moved = f"{args.name}@{args.alias} -> {args.version}"
     previous = body.get("previous")
     if previous and previous != args.version:
@@ -437,12 +433,12 @@ def _alias_lines(body: dict[str, Any], *, name: str, history: bool) -> Iterator[
 
 
 def cmd_alias_list(args: argparse.Namespace) -> int:
-    body = _client(args).aliases(args.name, history=args.history)
+    body = farm_client(args).aliases(args.name, history=args.history)
     return answer(args, body, lambda b: _alias_lines(b, name=args.name, history=args.history))
 
 
 def cmd_alias_rm(args: argparse.Namespace) -> int:
-    body = _client(args).delete_alias(args.name, args.alias)
+    body = farm_client(args).delete_alias(args.name, args.alias)
     return answer(args, body, lambda b: [
         f"deleted {args.name}@{args.alias} (it pointed at {b.get('version')})"])
 
@@ -463,7 +459,7 @@ def _deleted_lines(body: dict[str, Any]) -> list[str]:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    client = _client(args)
+    client = farm_client(args)
     what = args.delete_command
     if what == "artifact":
         body = client.delete_artifact(args.digest.removeprefix("sha256:"))
@@ -495,7 +491,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
         finally:
             db.dispose()
     else:
-        token = str(_client(args).create_token(args.name, args.role)["token"])
+        token = str(farm_client(args).create_token(args.name, args.role)["token"])
     if args.json:
         _print_json({"name": args.name, "role": args.role, "token": token})
     else:
@@ -506,7 +502,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_salt(args: argparse.Namespace) -> int:
-    return answer(args, _client(args).new_cache_salt(args.target), lambda a: [
+    return answer(args, farm_client(args).new_cache_salt(args.target), lambda a: [
         f"{a['target']}: compile cache salt {a['old_salt']} -> {a['salt']}; its builds start "
         "from an empty shared cache"])
 
@@ -521,11 +517,11 @@ def _tokens_lines(tokens: list[dict[str, Any]]) -> Iterator[str]:
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
-    return answer(args, _client(args).tokens(revoked=args.revoked), _tokens_lines)
+    return answer(args, farm_client(args).tokens(revoked=args.revoked), _tokens_lines)
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
-    n = _client(args).revoke_token(args.name)
+    n = farm_client(args).revoke_token(args.name)
     return answer(args, {"name": args.name, "revoked": n}, lambda _: [
         f"revoked {n} token(s) named {args.name!r} (effective within a few seconds)"])
 
@@ -568,139 +564,3 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CommandFailed(f"the demo is not available: {exc}") from None
     result = demo.main(list(args.demo_args))
     return int(result or 0)
-
-
-# --- keys, trust list, verify (docs/security.md) -------------------------------------
-
-
-def _json_text(value: Any) -> str:
-    import json
-
-    return json.dumps(value, indent=1, sort_keys=True)
-
-
-def _write_private(path: Path, pem: str) -> None:
-    """A private key file, 0600 from its first byte, never over an existing one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise UsageError(f"{path} exists; keys are never overwritten: pick another name") from None
-    with os.fdopen(fd, "w") as f:
-        f.write(pem)
-
-
-def cmd_keys_generate(args: argparse.Namespace) -> int:
-    from farm.core import attest
-    from farm.core.signing import generate_keypair
-
-    private, public = generate_keypair()
-    out: Path = args.out
-    _write_private(out, private)
-    pub = out.with_name(out.name + ".pub")
-    pub.write_text(public)
-    kid = attest.keyid(public)
-    return answer(args, {"private_key": str(out), "public_key": str(pub), "keyid": kid},
-                  lambda _: [f"{out}  (private, 0600; keep it {args.keep_note})",
-                             f"{pub}  (public)", f"keyid {kid}"])
-
-
-def cmd_keys_enroll(args: argparse.Namespace) -> int:
-    client = _client(args)
-    if args.public_key is not None:
-        try:
-            pem = Path(args.public_key).read_text()
-        except OSError as exc:
-            raise UsageError(f"--public-key {args.public_key}: {exc}") from None
-    elif args.role == "names":
-        # The API's own name key, as it reports it: check the keyid against
-        # the API host's key file before signing a trust list with it.
-        pem = client.keys()["name_key"]["public_key"]
-    else:
-        raise UsageError("--public-key FILE is needed for a builder key")
-    return answer(args, client.enroll_key(args.name, args.role, pem), lambda rec: [
-        f"enrolled {rec['role']} key {rec['keyid']} ({rec['name']}); nodes trust it once "
-        "`farm keys sign-trust-list --root-key ROOT.pem` has signed a list with it"])
-
-
-def _keys_lines(body: dict[str, Any]) -> Iterator[str]:
-    for k in body.get("keys", []):
-        state = f"revoked {k['revoked_at']}: {k.get('revoked_reason') or ''}" \
-            if k.get("revoked_at") else "enrolled"
-        yield f"{k['keyid'][:16]}  {k['role']:<8} {k['name']}  ({state})"
-    nk = body.get("name_key") or {}
-    yield f"API name key: {str(nk.get('keyid'))[:16]}"
-
-
-def cmd_keys_list(args: argparse.Namespace) -> int:
-    return answer(args, _client(args).keys(), _keys_lines)
-
-
-def cmd_keys_revoke(args: argparse.Namespace) -> int:
-    rec = _client(args).revoke_key(args.keyid, reason=args.reason or "")
-    return answer(args, rec, lambda r: [
-        f"revoked {r['keyid']} ({r['name']}); nodes refuse it once the next trust list is "
-        "signed: `farm keys sign-trust-list --root-key ROOT.pem`"])
-
-
-def cmd_keys_sign_trust_list(args: argparse.Namespace) -> int:
-    """Read the enrolled keys from the API, sign the list here with the root
-    key (which never leaves this machine) and upload the envelope."""
-    from farm.core import attest
-    from farm.core.signing import SigningKeyError, load_private_key
-
-    try:
-        root = load_private_key(args.root_key)
-    except SigningKeyError as exc:
-        raise UsageError(f"--root-key: {exc}") from None
-    client = _client(args)
-    body = client.keys()
-    keys = [k for k in body.get("keys", []) if not k.get("revoked_at")]
-    revoked = [{"keyid": k["keyid"], "reason": k.get("revoked_reason") or ""}
-               for k in body.get("keys", []) if k.get("revoked_at")]
-    current = client.trust_list_version()
-    payload = attest.trust_list_payload(version=(current or 0) + 1, keys=keys, revoked=revoked,
-                                        expires_days=args.expires_days)
-    envelope = attest.sign_trust_list(root, payload)
-    # What the admin signs is printed first: review before it is trusted.
-    for k in payload["keys"]:
-        print(f"  trust {k['role']:<8} {k['keyid'][:16]}  {k['name']}", file=sys.stderr)
-    for r in payload["revoked"]:
-        print(f"  revoke          {r['keyid'][:16]}  {r['reason']}", file=sys.stderr)
-    if not any(k["role"] == "names" for k in payload["keys"]):
-        print("  warning: no name key in the list: nodes will refuse every model name "
-              "(farm keys enroll --role names)", file=sys.stderr)
-    if args.output is not None:
-        args.output.write_text(_json_text(envelope))
-    if not args.no_upload:
-        client.put_trust_list(envelope)
-    signed = {"version": payload["version"], "expires": payload["expires"],
-              "root_keyid": attest.keyid(root)}
-    return answer(args, signed, lambda s: [
-        f"trust list version {s['version']} signed by root {s['root_keyid'][:16]}, expires "
-        f"{s['expires']}" + ("" if args.no_upload else "; uploaded")])
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    """Check a file and the attestation beside it on this node, loading nothing."""
-    from farm.node.errors import IntegrityError
-    from farm.node.loader import verify_local_file
-
-    path: Path = args.file
-    if not path.is_file():
-        raise UsageError(f"{path}: no such file")
-    try:
-        v = verify_local_file(path, root_key=args.root_key, target=args.target)
-    except IntegrityError as exc:
-        if args.json:
-            _print_json({"ok": False, "error": str(exc),
-                         "field": getattr(exc, "field", None)})
-        raise CommandFailed(f"{path}: {exc}") from None
-    out = {"ok": True, "path": str(path), "digest": v.digest, "format": v.format,
-           "model": v.model, "version": v.version, "alias": v.alias, "build_key": v.build_key,
-           "builder_keyid": v.builder_keyid, "trust_list_version": v.trust_list_version,
-           "target": str(v.request.target)}
-    return answer(args, out, lambda _: [
-        f"{path}: ok  {v.model}@{v.version}" + (f" ({v.alias})" if v.alias else "")
-        + f"  sha256:{v.digest[:16]}  {v.format}  built by key {v.builder_keyid[:16]}, "
-        f"trust list v{v.trust_list_version}"])

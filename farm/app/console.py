@@ -34,6 +34,11 @@ class CommandFailed(Exception):
     """The command ran and did not succeed (exit 1); the message is the one line."""
 
 
+def _json_text(value: Any) -> str:
+    """A JSON file's text (a bundle, a trust list): indented, keys sorted."""
+    return json.dumps(value, indent=1, sort_keys=True)
+
+
 def _print_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")

@@ -37,3 +37,12 @@ def group(sub: Any, name: str, help: str, *, dest: str, metavar: str = "ACTION")
     """A subcommand whose own subcommands are the actions (``farm alias set``)."""
     return sub.add_parser(name, help=help).add_subparsers(dest=dest, metavar=metavar,
                                                          required=True)
+
+
+def farm_client(args: argparse.Namespace, *, reports: bool = True) -> Any:
+    """The ``FarmClient`` a command talks through (``--url`` or ``FARM_URL``).
+    ``reports=False``: a command that only reads the farm reports nothing of
+    its own to the fleet feedback."""
+    from farm.node.client import FarmClient
+
+    return FarmClient(url=args.url) if reports else FarmClient(url=args.url, reports=False)

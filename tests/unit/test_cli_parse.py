@@ -146,7 +146,7 @@ def test_json_output_is_one_document(
         def models(self) -> list[dict[str, object]]:
             return [{"name": "m", "versions": [], "aliases": {}}]
 
-    monkeypatch.setattr(commands, "_client", lambda args: Fake())
+    monkeypatch.setattr(commands, "farm_client", lambda args: Fake())
     code, out, err = run_cli(capsys, "models", "--json")
     assert code == 0 and err == ""
     assert json.loads(out) == [{"name": "m", "versions": [], "aliases": {}}]
@@ -199,7 +199,7 @@ def test_submit_wait_shows_progress_and_fails_with_one_line(
                 on_progress(v)  # type: ignore[operator]
             return views[-1]
 
-    monkeypatch.setattr(commands, "_client", lambda args: Fake())
+    monkeypatch.setattr(commands, "farm_client", lambda args: Fake())
     code, out, err = run_cli(capsys, "submit", "m:f", "--name", "m", "--version", "1",
                              "-i", "float32[8]", "--wait")
     assert code == 1
@@ -222,7 +222,7 @@ def test_resolve_miss_lists_rejections_then_one_error_line(
                 {"digest": "ab" * 32, "format": "aoti", "target": "cpu", "code": "isa",
                  "reason": "built for avx512, this node runs avx2"}])
 
-    monkeypatch.setattr(commands, "_client", lambda args: Fake())
+    monkeypatch.setattr(commands, "farm_client", lambda args: Fake())
     code, out, err = run_cli(capsys, "resolve", "m@1", "-i", "float32[8]", "--target",
                              "cpu/python=3.11.7/torch=2.13.0+cpu/isa=avx2/threads=2")
     assert code == 1

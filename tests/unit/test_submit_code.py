@@ -25,7 +25,7 @@ class FakeClient:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     client = FakeClient()
-    monkeypatch.setattr(commands, "_client", lambda args: client)
+    monkeypatch.setattr(commands, "farm_client", lambda args: client)
     return client
 
 

@@ -106,7 +106,7 @@ def test_farm_submit_loss_makes_a_training_step(monkeypatch: pytest.MonkeyPatch)
             calls.append(spec)
             return {"id": "j1", "state": "queued", "code": None}
 
-    monkeypatch.setattr(commands, "_client", lambda args: FakeClient())
+    monkeypatch.setattr(commands, "farm_client", lambda args: FakeClient())
     argv = ["submit", "farm.zoo.basic:mlp", "--name", "m", "--version", "1",
             "-i", "float32[8,8]", "-i", "float32[8,1]", "--loss", "torch.nn.functional:mse_loss",
             "--optimizer", "AdamW", "--optimizer-kwargs", '{"lr": 0.01}']

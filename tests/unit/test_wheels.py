@@ -225,7 +225,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> RecordingClient
     from farm.app import commands
 
     client = RecordingClient()
-    monkeypatch.setattr(commands, "_client", lambda args: client)
+    monkeypatch.setattr(commands, "farm_client", lambda args: client)
     monkeypatch.chdir(tmp_path)
     return client
 
