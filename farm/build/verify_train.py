@@ -21,7 +21,7 @@ from farm.core.training import OPTIMIZER_STEP, make_optimizer, optimizer_tensors
 
 STEPS = 2
 
-# add(got, ref, what, factor): the verifier's per-leaf comparison (its _Worst.add).
+# add(got, ref, what, factor): the verifier's per-leaf comparison (farm.build.compare.Worst.add).
 Compare = Callable[[torch.Tensor, torch.Tensor, str, float], None]
 
 

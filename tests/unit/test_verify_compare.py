@@ -11,12 +11,8 @@ import dataclasses
 import pytest
 import torch
 
-from farm.build.verify import (
-    VerifyReport,
-    _compare_tree,
-    _Worst,
-    describe_input_values,
-)
+from farm.build.compare import Worst, compare_tree
+from farm.build.verify import VerifyReport, describe_input_values
 from farm.core.fingerprint import return_structure
 from farm.core.inputs import parse_inputs
 from farm.core.modelref import (
@@ -30,9 +26,9 @@ from farm.core.specs import ModelRef
 from tests.models.programs import Boxed, TokenModel, add, add_boxed
 
 
-def compare(got: object, ref: object) -> _Worst:
-    worst = _Worst()
-    _compare_tree(got, ref, worst, None)
+def compare(got: object, ref: object) -> Worst:
+    worst = Worst()
+    compare_tree(got, ref, worst, None)
     return worst
 
 
@@ -116,10 +112,10 @@ def test_the_return_structure_tells_apart_programs_with_one_graph() -> None:
 
 
 def test_a_real_build_with_uninitialised_values_is_caught() -> None:
-    from farm.build.verify import _non_finite
+    from farm.build.compare import non_finite
 
     model = TokenModel()
-    assert _non_finite(model) is None
+    assert non_finite(model) is None
     with torch.no_grad():
         model.head.bias[3] = float("nan")
-    assert _non_finite(model) == "head.bias"
+    assert non_finite(model) == "head.bias"
