@@ -10,6 +10,11 @@ from farm.app.console import EXIT_OK, CommandFailed, _print_json, _short_target,
 from farm.app.subcommands import arg, command, farm_client, group
 
 
+def _client(args: argparse.Namespace) -> Any:
+    # A command reads the farm; it reports nothing of its own.
+    return farm_client(args, reports=False)
+
+
 def _when(text: Any) -> str:
     return str(text or "")[:19].replace("T", " ")
 
@@ -36,7 +41,7 @@ def _misses_lines(rows: list[dict[str, Any]], *, model: str | None) -> Iterator[
 
 
 def cmd_misses(args: argparse.Namespace) -> int:
-    body = farm_client(args, reports=False).misses(args.model, since_s=args.since, limit=args.limit)
+    body = _client(args).misses(args.model, since_s=args.since, limit=args.limit)
     return answer(args, body, lambda b: _misses_lines(b.get("misses") or [], model=args.model))
 
 
@@ -62,7 +67,7 @@ def _model_status_lines(name: str, model: dict[str, Any], reports: dict[str, Any
 
 def model_status(args: argparse.Namespace, name: str) -> int:
     """``farm status MODEL``: versions, aliases, what nodes reported, top misses."""
-    client = farm_client(args, reports=False)
+    client = _client(args)
     model = next((m for m in client.models() if m.get("name") == name), None)
     if model is None:
         raise CommandFailed(f"no job or model {name!r}: `farm jobs` and `farm models` list them")
@@ -89,7 +94,7 @@ def _coverage_lines(name: str, body: dict[str, Any]) -> Iterator[str]:
 
 def cmd_coverage(args: argparse.Namespace) -> int:
     name, version = args.model
-    return answer(args, farm_client(args, reports=False).coverage(name, version),
+    return answer(args, _client(args).coverage(name, version),
                   lambda body: _coverage_lines(name, body))
 
 
@@ -107,21 +112,20 @@ def _policy_lines(p: dict[str, Any]) -> list[str]:
 
 
 def cmd_policy_show(args: argparse.Namespace) -> int:
-    return answer(args, farm_client(args, reports=False).policy(args.model), _policy_lines)
+    return answer(args, _client(args).policy(args.model), _policy_lines)
 
 
 def cmd_policy_set(args: argparse.Namespace) -> int:
     if args.build_on_miss is None and args.min_interval is None:
         raise CommandFailed("nothing to set: pass --build-on-miss, --no-build-on-miss or "
                             "--min-interval S")
-    p = farm_client(args, reports=False).set_policy(args.model, build_on_miss=args.build_on_miss,
+    p = _client(args).set_policy(args.model, build_on_miss=args.build_on_miss,
                                  min_interval_s=args.min_interval)
     return answer(args, p, _policy_lines)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    body = farm_client(args, reports=False).plan(args.target, submit=args.submit,
-                                                 since_s=args.since)
+    body = _client(args).plan(args.target, submit=args.submit, since_s=args.since)
     if args.json:
         _print_json(body)
         return EXIT_OK

@@ -39,10 +39,9 @@ def group(sub: Any, name: str, help: str, *, dest: str, metavar: str = "ACTION")
                                                          required=True)
 
 
-def farm_client(args: argparse.Namespace, *, reports: bool = True) -> Any:
-    """The ``FarmClient`` a command talks through (``--url`` or ``FARM_URL``).
-    ``reports=False``: a command that only reads the farm reports nothing of
-    its own to the fleet feedback."""
+def farm_client(args: argparse.Namespace, *, reports: bool | None = None) -> Any:
+    """The ``FarmClient`` a command talks through (``--url`` or ``FARM_URL``);
+    ``reports`` as ``FarmClient``'s (None: ``FARM_REPORTS``)."""
     from farm.node.client import FarmClient
 
-    return FarmClient(url=args.url) if reports else FarmClient(url=args.url, reports=False)
+    return FarmClient(url=args.url, reports=reports)
