@@ -56,13 +56,15 @@ class _Tree:
 
     Finding descendants reads every ``/proc/<pid>/stat`` on the machine
     (psutil's parent map; Linux without CONFIG_PROC_CHILDREN has no cheaper
-    way). Done at every 50 ms sample, that cost the worker 13% of a core per
-    running child beside 230 processes and 23% beside 380
+    way). Done at every 50 ms sample, that cost the worker 14% of a core per
+    running child beside 230 processes and 18% beside 380
     (bench/watchdog_cost.py), on every build. So the tree is looked up again
     every ``_RESCAN_EVERY`` samples, or when a known member has exited, and
-    the known members' resident sets are read at every sample: a new
-    grandchild (a g++) is counted within half a second, the model's own
-    process from its first sample on."""
+    the known members' resident sets are read at every sample: a process
+    that joins the tree (the model's own Python behind bubblewrap, a g++) is
+    counted within half a second of starting, and from then on at every
+    sample. (The model's process spends its first seconds importing torch,
+    before any model code runs.)"""
 
     def __init__(self, root: psutil.Process) -> None:
         self.root = root
