@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from farm.app import agent_commands, fleet_commands, trust_commands
+from farm.app import admin_commands, agent_commands, fleet_commands, trust_commands
 from farm.app import commands as cmd
 from farm.app.console import (
     EXIT_FAILURE,
@@ -248,42 +248,43 @@ def build_parser() -> argparse.ArgumentParser:
     command(sub, "targets", cmd.cmd_targets, "targets with live compile workers")
 
     alias = group(sub, "alias", "manage aliases", dest="alias_command")
-    command(alias, "set", cmd.cmd_alias_set, "point NAME@ALIAS at VERSION",
+    command(alias, "set", admin_commands.cmd_alias_set, "point NAME@ALIAS at VERSION",
             arg("name", metavar="NAME"), arg("alias", metavar="ALIAS"),
             arg("version", metavar="VERSION"))
-    command(alias, "list", cmd.cmd_alias_list, "NAME's aliases and every move of each",
+    command(alias, "list", admin_commands.cmd_alias_list, "NAME's aliases and every move of each",
             arg("name", metavar="NAME"),
             arg("--no-history", dest="history", action="store_false",
                 help="only where each alias points now"))
-    command(alias, "rm", cmd.cmd_alias_rm, "delete NAME@ALIAS (its history is kept)",
+    command(alias, "rm", admin_commands.cmd_alias_rm, "delete NAME@ALIAS (its history is kept)",
             arg("name", metavar="NAME"), arg("alias", metavar="ALIAS"))
 
     force = arg("--force", action="store_true", help="even while its jobs still build")
     delete = group(sub, "delete", "delete a model, a version or an artifact",
                    dest="delete_command", metavar="WHAT")
-    command(delete, "version", cmd.cmd_delete,
+    command(delete, "version", admin_commands.cmd_delete,
             "NAME@VERSION: its jobs, aliases on it, and the artifacts no other version uses",
             arg("model", metavar="NAME@VERSION", type=parse_model_ref), force)
-    command(delete, "model", cmd.cmd_delete, "NAME with every version (admin)",
+    command(delete, "model", admin_commands.cmd_delete, "NAME with every version (admin)",
             arg("name", metavar="NAME"), force)
-    command(delete, "artifact", cmd.cmd_delete, "one artifact by its sha256 (admin)",
+    command(delete, "artifact", admin_commands.cmd_delete, "one artifact by its sha256 (admin)",
             arg("digest", metavar="SHA256"))
 
     token = group(sub, "token", "manage API tokens", dest="token_command")
-    command(token, "create", cmd.cmd_token_create, "create a token; it is printed once",
+    command(token, "create", admin_commands.cmd_token_create, "create a token; it is printed once",
             arg("name", metavar="NAME"),
             arg("--role", choices=("read", "submit", "admin"), required=True),
             arg("--db", action="store_true",
                 help="write it straight into $DATABASE_URL (on the farm's host, e.g. for the "
                      "first admin token) instead of asking the API with an admin token"))
-    command(token, "list", cmd.cmd_token_list, "tokens by name and role (admin)",
+    command(token, "list", admin_commands.cmd_token_list, "tokens by name and role (admin)",
             arg("--revoked", action="store_true", help="include revoked tokens"))
-    command(token, "revoke", cmd.cmd_token_revoke, "revoke every token named NAME (admin)",
+    command(token, "revoke", admin_commands.cmd_token_revoke,
+            "revoke every token named NAME (admin)",
             arg("name", metavar="NAME"))
 
     cache = group(sub, "cache", "the shared compile caches of targets (admin)",
                   dest="cache_command")
-    command(cache, "salt", cmd.cmd_cache_salt,
+    command(cache, "salt", admin_commands.cmd_cache_salt,
             "a new salt for TARGET's cache: its builds stop using every entry written before",
             arg("target", metavar="TARGET", help="a full target string (farm targets)"))
 

@@ -170,7 +170,7 @@ def _build(device: str, package: Path) -> None:
     x = torch.randn(4, 16, device=device)
     with torch.no_grad():
         ep = torch.export.export(model, (x,), strict=False)
-    # As farm.build.compile.compile_aoti builds them: weight-free.
+    # As farm.build.aoti_compile.compile_aoti builds them: weight-free.
     from farm.build.toolchain import inductor_compiler
 
     # What Inductor itself will run: the parent checks it is the candidate.

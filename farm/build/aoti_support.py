@@ -1,4 +1,4 @@
-"""What the AOTInductor build (farm.build.compile.compile_aoti) stands on: the
+"""What the AOTInductor build (farm.build.aoti_compile.compile_aoti) stands on: the
 wrapper that makes a free function exportable, the compiler and the -march it
 records, and a reproducible Inductor cache directory per build.
 

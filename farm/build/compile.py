@@ -38,6 +38,10 @@ exactly the guards torch cannot serialize (ID_MATCH and the guards derived from
 it: closures of decorated ``forward`` methods, module and function identity)
 and keeps tensor, shape, global-state and attribute guards; ``keep-all``
 keeps every guard, so a model with an unserializable guard fails to save.
+
+Beside it: ``farm.build.weightless`` builds the model without weights,
+``farm.build.aoti_compile`` writes the AOTI package, ``farm.build.compile_common``
+holds the errors and the mode options both use.
 """
 
 from __future__ import annotations
@@ -53,43 +57,33 @@ from typing import Any
 import torch
 from torch import nn
 
-from farm.build.aoti_support import (
-    _build_key,
-    _FunctionModule,
-    cxx_identity,
-    portable_march,
-    reproducible_cache_dir,
-)
+from farm.build.aoti_compile import compile_aoti
+from farm.build.aoti_support import cxx_identity
+from farm.build.compile_common import AOTIUnsupported, CompileError, ModelDoesNotFit, mode_options
 from farm.build.cpu_kernels import record_loaded_kernels
 from farm.build.fake_weights import (
-    WEIGHTS_AUTO,
-    WEIGHTS_EMPTY,
     WEIGHTS_FAKE,
     WeightFreeGuards,
     WeightsPlan,
-    build_fake,
     describe_failure,
     fake_inputs,
-    fake_unsupported,
     manifest_of,
 )
 from farm.build.guards import GuardPolicy, global_state
+from farm.build.weightless import build_for_compile
 from farm.core.cpu_isa import detect_cpu_isa
 from farm.core.digests import sha256_file
-from farm.core.elf import package_linkage
 from farm.core.inputs import call_args
 from farm.core.modelref import (
-    apply_grad_mode,
-    build_module,
     example_inputs,
     external_objects,
     grad_context,
 )
-from farm.core.parallel import build_mesh, fake_group, parallelize, replicate
-from farm.core.specs import GradMode, JobSpec, canonical_json
+from farm.core.parallel import build_mesh, fake_group, replicate
+from farm.core.specs import GradMode, JobSpec
 from farm.core.torch_compat import enable_aot_compile
 from farm.node.bundle import write_bundle
-from farm.node.loader import AOTI_META_KEY, FORMAT_AOT_COMPILE, FORMAT_AOTI, _describe, call_module
+from farm.node.loader import FORMAT_AOT_COMPILE, FORMAT_AOTI, call_module
 from farm.node.weight_check import MANIFEST_KEY
 
 log = logging.getLogger(__name__)
@@ -97,9 +91,6 @@ log = logging.getLogger(__name__)
 ARTIFACT_FILES = {FORMAT_AOT_COMPILE: "aot_compile.bin", FORMAT_AOTI: "aoti.pt2"}
 
 
-
-class CompileError(RuntimeError):
-    """The job cannot be compiled as asked; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -326,100 +317,6 @@ def compile_job(payload: dict[str, Any]) -> dict[str, Any]:
     return {"artifacts": [a.to_json() for a in arts]}
 
 
-# --- building ---------------------------------------------------------------------------
-
-
-def build_for_compile(spec: JobSpec, device: torch.device) -> tuple[Any, WeightsPlan]:
-    """The model to compile and how its weights were made (``options.weights``):
-    ``empty`` (``build_weightless``), ``fake`` (``farm.build.fake_weights``), or
-    ``auto``: empty where the weights fit, fake for a CUDA build where they do not."""
-    wanted = spec.options.weights
-    if wanted == WEIGHTS_FAKE:
-        why = fake_unsupported(spec)
-        if why is not None:
-            raise CompileError(f"options.weights fake: {why}")
-        model, mode = build_fake(spec, device)
-        return model, WeightsPlan(WEIGHTS_FAKE, "asked for (options.weights fake)", mode)
-    try:
-        return build_weightless(spec, device), WeightsPlan(WEIGHTS_EMPTY, (
-            "asked for (options.weights empty)" if wanted == WEIGHTS_EMPTY
-            else "they fit the build device"))
-    except ModelDoesNotFit as exc:
-        if wanted != WEIGHTS_AUTO:
-            raise
-        why = fake_unsupported(spec)
-        if why is not None:
-            raise ModelDoesNotFit(f"{exc}; a fake-weight build cannot help: {why}") from None
-        log.info("weights do not fit %s: building with fake weights (%s)", device, exc)
-        model, mode = build_fake(spec, device)
-        return model, WeightsPlan(WEIGHTS_FAKE, f"they do not fit the build device: {exc}", mode,
-                                  does_not_fit=str(exc))
-
-
-def usable_gpu_memory(device: torch.device) -> tuple[int, int]:
-    """(free, total) bytes this process may still allocate on ``device``:
-    the driver's free memory, lowered to what
-    ``torch.cuda.set_per_process_memory_fraction`` leaves this process."""
-    free, total = torch.cuda.mem_get_info(device)
-    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    if get_fraction is not None:
-        # An index: torch's getter refuses a device without one ("cuda").
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        fraction = float(get_fraction(index))
-        if fraction < 1.0:
-            allowed = int(fraction * total) - torch.cuda.memory_reserved(index)
-            free = max(0, min(free, allowed))
-    return free, total
-
-
-def build_weightless(spec: JobSpec, device: torch.device) -> Any:
-    """The model on ``device`` with uninitialised storage (meta, then
-    ``to_empty``): compiling needs shapes, dtypes and Parameter types, not values."""
-    model = build_module(spec.model, device="meta")
-    if isinstance(model, nn.Module):
-        if device.type == "cuda":
-            free, total = usable_gpu_memory(device)
-            check_fits(tensor_bytes(model), free_bytes=free, total_bytes=total, device=str(device))
-        model.to_empty(device=device)
-        apply_grad_mode(model, spec.grad_mode)
-        if spec.options.parallel is not None:
-            model = parallelize(model, spec.options.parallel, build_mesh())
-    return model
-
-
-class ModelDoesNotFit(CompileError):
-    """The model's weights alone exceed what the build GPU has free."""
-
-
-# Room left for activations, the CUDA context and Inductor's autotuning buffers.
-FIT_HEADROOM = 0.8
-
-
-def tensor_bytes(module: nn.Module) -> int:
-    """Bytes of every parameter and buffer, read off the meta-device model."""
-    return sum(t.numel() * t.element_size()
-               for t in (*module.parameters(), *module.buffers()))
-
-
-def check_fits(weight_bytes: int, *, free_bytes: int, total_bytes: int, device: str) -> None:
-    """Fail early and clearly, before ``to_empty`` reserves the weights' memory.
-
-    ``to_empty`` gives a weight-free compile real Parameters (guards check
-    their type), and so still takes the weights' memory on the build GPU. A
-    model that cannot fit fails here, with the numbers, instead of as a CUDA
-    out-of-memory error halfway through a compile.
-    """
-    if weight_bytes > FIT_HEADROOM * free_bytes:
-        gib = 1024**3
-        raise ModelDoesNotFit(
-            f"the model's weights take {weight_bytes / gib:.1f} GiB, and {device} has "
-            f"{free_bytes / gib:.1f} of {total_bytes / gib:.1f} GiB free; a build needs the "
-            f"weights to fit in {FIT_HEADROOM:.0%} of free memory. Build it on a larger GPU, "
-            "or shard it (not supported yet); a CUDA build with options.weights auto or "
-            "fake compiles with fake weights instead (farm.build.fake_weights)"
-        )
-
-
 def _entry(spec: JobSpec, model: Any, inputs: list[torch.Tensor]
            ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """What gets traced, and its example arguments: positional and keyword
@@ -451,26 +348,6 @@ def _module_globals_as_imports(compiled_fn: Any) -> list[str]:
             env.import_sources[ref] = value.__name__
             added.append(value.__name__)
     return added
-
-
-def mode_options(mode: str) -> dict[str, Any]:
-    """``torch.compile`` takes a mode or options, never both, and the guard
-    filter travels in options: spell the mode out as its options."""
-    if mode == "default":
-        return {}
-    from torch._inductor import list_mode_options
-
-    from farm.core.settings import get_settings
-
-    options = dict(list_mode_options(mode))
-    if options.get("coordinate_descent_tuning") and not get_settings().farm_coordesc:
-        # Coordinate-descent tuning runs at a kernel's first launch and, on the
-        # H200 with torch 2.11, was redone on every node at the first call
-        # after loading (42 benchmarks, 7 s): the artifact would not be
-        # finished. GEMM template selection, max-autotune's main gain, happens
-        # at compile time and stays. FARM_COORDESC=1 restores torch's mode.
-        options["coordinate_descent_tuning"] = False
-    return options
 
 
 # --- aot_compile ------------------------------------------------------------------------
@@ -623,151 +500,6 @@ def warm_up(compiled_fn: Callable[..., Any], args: Sequence[Any], grad_mode: Gra
             torch.autograd.backward([t.float().sum() for t in leaves])
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-# --- AOTInductor ------------------------------------------------------------------------
-
-
-class AOTIUnsupported(CompileError):
-    """This job cannot be an AOTI package (an aot_compile artifact still can)."""
-
-
-def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) -> dict[str, Any]:
-    if spec.grad_mode is not GradMode.INFERENCE:
-        raise AOTIUnsupported("AOTI packages are inference-only")
-    module = model if isinstance(model, nn.Module) else _FunctionModule(model)
-    inputs = example_inputs(spec.inputs, device=device, mark_dynamic=False)
-    args, kwargs = call_args(spec.inputs, inputs)
-    dynamic = tuple(
-        {i: torch.export.Dim.DYNAMIC(min=d.lo, max=d.hi) for i, d in enumerate(s.dims) if d.dynamic}
-        or None
-        for s in spec.inputs
-    )
-    dynamic_shapes: Any = None
-    if any(d is not None for d in dynamic):
-        if any(s.name for s in spec.inputs):
-            # By parameter name (the dict form), in the call's own structure.
-            import inspect
-
-            dyn_args, dyn_kwargs = call_args(spec.inputs, dynamic)
-            dynamic_shapes = dict(
-                inspect.signature(module.forward).bind(*dyn_args, **dyn_kwargs).arguments)
-        else:
-            # A free function's wrapper takes *args: its one argument is that tuple.
-            dynamic_shapes = dynamic if isinstance(model, nn.Module) else (dynamic,)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        try:
-            ep = torch.export.export(
-                module, args, kwargs or None, dynamic_shapes=dynamic_shapes, strict=False
-            )
-        except Exception as exc:
-            raise AOTIUnsupported(f"torch.export failed: {type(exc).__name__}: {exc}") from exc
-    export_s = time.perf_counter() - t0
-    import torch.utils._pytree as pytree
-
-    if (any(s.name for s in spec.inputs)
-            and ep.call_spec.in_spec != pytree.tree_structure((args, kwargs))):
-        # The node's loader feeds the package the tensors in the specs'
-        # (canonical) order: the package must take them in that order.
-        raise AOTIUnsupported(f"torch.export took the inputs as {ep.call_spec.in_spec}, not in "
-                              "the input specs' order")
-    lifted = list(getattr(ep.graph_signature, "lifted_tensor_constants", []) or [])
-    if lifted:
-        # They would become unnamed constants (_tensor_constant0) that the
-        # node's module cannot supply, and without weights in the package
-        # nothing else can: a call would read uninitialised memory.
-        raise AOTIUnsupported(
-            "the model uses tensors that are neither parameters nor buffers "
-            f"({', '.join(lifted[:5])}: a tensor attribute or a tensor literal in forward); "
-            "register them with register_buffer to get an AOTI package"
-        )
-
-    # Constants the node's module must supply, with what each must be.
-    named = dict(module.named_parameters())
-    named.update(module.named_buffers())
-    constants = {
-        name: _describe(named[name]) for name in [*ep.state_dict, *ep.constants] if name in named
-    }
-    isa = detect_cpu_isa() if device.type == "cpu" else ""
-    march = portable_march(isa) if device.type == "cpu" else None
-    farm_meta = {
-        "format_version": 1,
-        "inputs": [str(s) for s in spec.inputs],
-        "grad_mode": spec.grad_mode.value,
-        "calling_convention": "module" if isinstance(model, nn.Module) else "function",
-        "input_checks": [
-            {
-                "dtype": s.dtype,
-                "device": device.type,
-                "dims": [[d.lo, d.hi] for d in s.dims],
-                # Keyword and dict inputs only: where the loader takes it from.
-                **({"name": s.name} if s.name else {}),
-            }
-            for s in spec.inputs
-        ],
-        "constants": constants,
-        "cpu_isa": isa,
-        "march": march or "native",
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-    }
-    configs: dict[str, Any] = {
-        "aot_inductor.package_constants_in_so": False,
-        "always_keep_tensor_constants": True,
-        "freezing": False,
-        "aot_inductor.metadata": {AOTI_META_KEY: canonical_json(farm_meta)},
-    }
-    inductor_config = torch._inductor.config
-    if hasattr(inductor_config.aot_inductor, "precompile_headers"):
-        # A fresh cache per build would rebuild the precompiled header every
-        # time (measured: 53 s against 24-30 s without it for a small MLP).
-        configs["aot_inductor.precompile_headers"] = False
-    if march and hasattr(inductor_config.cpp, "march"):
-        configs["cpp.march"] = march
-    configs.update(mode_options(spec.options.mode))
-    gemm_backends = None
-    if device.type == "cpu" and configs.get("max_autotune"):
-        # max-autotune's CPP GEMM template prepacks each weight it picks into
-        # a blocked layout at compile time: a new constant ("constant4")
-        # computed from this host's uninitialised weight, which a weight-free
-        # package cannot carry and no node module can supply (its loader
-        # failed: "module lacks constant4"). ATen GEMMs take the node's own
-        # weights; the mode's other options (epilogue fusion...) stay.
-        gemm_backends = "ATEN"
-        configs["max_autotune_gemm_backends"] = gemm_backends
-
-    t0 = time.perf_counter()
-    with reproducible_cache_dir(_build_key(spec, device)):
-        torch._inductor.aoti_compile_and_package(
-            ep, package_path=str(path), inductor_configs=configs
-        )
-    lower_s = time.perf_counter() - t0
-    linkage = package_linkage(path)
-    if not linkage["links_shared_libstdcxx"]:
-        # A static libstdc++ beside the process's shared one crashed the
-        # loader on the H200 (farm.build.toolchain): never ship one.
-        raise AOTIUnsupported(
-            f"the package's library links no shared libstdc++.so.6 (compiled with "
-            f"{cxx_identity()}): a static copy crashes at load; farm.build.toolchain "
-            "chooses a compiler that links it shared"
-        )
-    return {
-        "libstdcxx_needs": linkage["libstdcxx_needs"],
-        "export_s": round(export_s, 3),
-        "lower_s": round(lower_s, 3),
-        "constants": len(constants),
-        "march": march or "native",
-        "weights_in_package": False,
-        "load_needs_cxx_compiler": False,
-        # torch.export traces the whole graph: nested compile regions are a
-        # torch.compile feature, so a regional job's package is not regional.
-        **({"regional": "not applied: an AOTI package is compiled from torch.export's "
-            "whole graph"} if spec.options.regional else {}),
-        # Set only where the farm narrows max-autotune's GEMM choices (CPU).
-        **({"gemm_backends": gemm_backends} if gemm_backends else {}),
-        "calling_convention": farm_meta["calling_convention"],
-    }
 
 
 __all__ = [

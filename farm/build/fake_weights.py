@@ -3,7 +3,7 @@
 A default build (``weights: empty``) makes the model on the meta device and
 ``to_empty()``s it onto the target: real Parameters in uninitialised memory, so
 the weights still take their bytes on the build GPU, and a model larger than it
-fails early (``farm.build.compile.check_fits``). A fake-weight build
+fails early (``farm.build.weightless.check_fits``). A fake-weight build
 (``weights: fake``) does the ``to_empty()`` inside
 ``FakeTensorMode(allow_non_fake_inputs=True)``: every parameter and buffer is
 a FakeTensor (shape, dtype and device, no storage), the example inputs too, and

@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     # the longest wait in the queue.
     farm_requeue_after_s: float = 900.0
     # Keep coordinate-descent tuning in max-autotune builds (their first call
-    # then tunes on every node; farm.build.compile.mode_options says why not).
+    # then tunes on every node; farm.build.compile_common.mode_options says why not).
     farm_coordesc: bool = False
     # AOTI packages beside the aot_compile artifacts (where they apply and
     # load). FARM_AOTI=0: a farm whose nodes all run Python skips them, and

@@ -1,23 +1,12 @@
 """The farm's HTTP API as a Python object: submit and watch jobs, resolve,
 download (attestations and digest checked) and load artifacts.
 
-Trust (docs/security.md). Loading an artifact unpickles or dlopens it, which
-runs code. Before any byte is loaded the client checks, with
-``farm.node.verify``: the trust list against the root key this node pins;
-the build statement (signed by an enrolled, unrevoked builder key) and the
-version and alias statements (signed by the farm's name key) against its
-own request, field by field; and the bytes against the attested digest.
-
-The root key comes from the ``root_key`` argument or ``FARM_ROOT_KEY`` (PEM
-text or a path). Only for a farm on a loopback address (the embedded
-default) is it fetched and trusted on first use, with a warning, and pinned
-per farm URL under the cache directory. Plain ``http://`` to any other host
-is refused unless ``FARM_ALLOW_HTTP`` (or ``allow_http=True``) says otherwise.
+Trust (what is checked before anything is loaded): ``farm.node.trust``'s
+``FarmTrust``, which this client extends.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -32,34 +21,26 @@ import httpx
 
 from farm.core.specs import CompileOptions, GradMode, JobSpec
 from farm.core.target import Target
-from farm.node.admin import FarmAdmin
-from farm.node.arguments import as_grad_mode, as_input_specs, as_target, is_loopback
+from farm.node.arguments import as_grad_mode, as_input_specs, as_target
 from farm.node.cache import ArtifactCache, CacheCorrupt, CacheError, validate_digest
 from farm.node.errors import FarmError, FarmUnavailable, IntegrityError, JobTimeout, NotFoundError
 from farm.node.http import DEFAULT_TIMEOUT_S, origin
 from farm.node.reports import Report, Reporter
+from farm.node.trust import NODE_REQUEST, FarmTrust
 
 if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    from farm.core.attest import TrustList
-    from farm.node.verify import NodeRequest, TrustStore, Verified
+    from farm.node.verify import NodeRequest, Verified
 
 log = logging.getLogger(__name__)
 
 TERMINAL_JOB_STATES = frozenset({"succeeded", "failed", "partial"})
-# How long a fetched trust list is used before asking again: a revocation
-# reaches every node within this (once the admin has signed the new list).
-TRUST_LIST_TTL_S = 30.0
-# The key the client keeps its own request under in a resolve answer
-# (always overwritten: the farm's answer never supplies it).
-NODE_REQUEST = "node_request"
 _CHUNK = 1 << 20
 _MAX_REDIRECTS = 5
 
 
-class FarmClient(FarmAdmin):
-    """The farm's HTTP API (``FarmAdmin``'s calls), submission with code, and
+class FarmClient(FarmTrust):
+    """The farm's HTTP API (``FarmAdmin``'s calls, ``FarmTrust``'s keys), submission with code, and
     a fleet node's path: resolve, verify, fetch into a local cache, load.
 
     ``url`` and ``token`` default to ``FARM_URL`` and ``FARM_TOKEN``; ``cache``
@@ -85,20 +66,10 @@ class FarmClient(FarmAdmin):
     ) -> None:
         from farm.core.settings import get_settings
 
-        super().__init__(url, token, timeout=timeout, retries=retries, allow_http=allow_http,
+        super().__init__(url, token, root_key=root_key, public_key=public_key, cache=cache,
+                         timeout=timeout, retries=retries, allow_http=allow_http,
                          transport=transport)
         settings = get_settings()
-        # ``public_key`` is the older name of the same argument: the key the
-        # farm's chain of trust starts from.
-        source = root_key if root_key is not None else public_key
-        self._public_key_source = source if source is not None else (
-            settings.farm_root_key or None)
-        self._public_key: Ed25519PublicKey | None = None
-        self._key_lock = threading.Lock()
-        self._trust: tuple[float, TrustList] | None = None
-        self._trust_lock = threading.Lock()
-        self._cache = cache
-        self._cache_lock = threading.Lock()
         self._reporter: Reporter | None = None
         self._reports_on = settings.farm_reports if reports is None else reports
         self._report_interval_s = settings.farm_report_interval_s
@@ -108,13 +79,6 @@ class FarmClient(FarmAdmin):
         if self._reporter is not None:
             self._reporter.close()
         super().close()
-
-    @property
-    def cache(self) -> ArtifactCache:
-        with self._cache_lock:
-            if self._cache is None:
-                self._cache = ArtifactCache.from_settings()
-            return self._cache
 
     def submit(self, spec: JobSpec | Mapping[str, Any], *,
                source: str | os.PathLike[str] | bool | None = None,
@@ -374,127 +338,6 @@ class FarmClient(FarmAdmin):
         self.report("fallback", model=model, ref=ref, inputs=inputs, grad_mode=grad_mode,
                     target=target, digest=first.get("digest"), code=first.get("code"),
                     reason=first.get("reason") or (str(reasons[0]) if reasons else None))
-
-    def public_key(self) -> Ed25519PublicKey:
-        """The root key the trust list must be signed with (see the module docstring)."""
-        from farm.core.signing import SigningKeyError, load_public_key
-
-        with self._key_lock:
-            if self._public_key is not None:
-                return self._public_key
-            try:
-                if self._public_key_source is not None:
-                    key = load_public_key(self._public_key_source)
-                else:
-                    key = self._pinned_key()
-            except SigningKeyError as exc:
-                raise IntegrityError(f"farm root key: {exc}") from None
-            self._public_key = key
-            return key
-
-    def _pin_path(self) -> Path:
-        name = hashlib.sha256(self.url.encode()).hexdigest()[:16]
-        return self.cache.root / "trusted-keys" / f"{name}.root.pem"
-
-    def _pinned_key(self) -> Ed25519PublicKey:
-        from farm.core.signing import key_id, load_public_key, public_key_pem
-
-        pin = self._pin_path()
-        if pin.exists():
-            return load_public_key(pin)
-        if not is_loopback(self.url):
-            # Trust on first use over a network is trusting whoever answers first.
-            raise IntegrityError(
-                f"no root key configured for {self.url}: set FARM_ROOT_KEY to the farm's root "
-                "public key (`farm keys generate-root` wrote it); trust on first use is only "
-                "for a farm on this machine")
-        try:
-            r = self._http.get("/v1/root-key")
-        except httpx.TransportError as exc:
-            raise FarmUnavailable(f"cannot reach the farm at {self.url} for its root key: "
-                                  f"{exc or type(exc).__name__}") from None
-        self._raise_for(r, "GET /v1/root-key")
-        key = load_public_key(r.text)
-        pin.parent.mkdir(parents=True, exist_ok=True)
-        tmp = pin.with_name(f".{pin.name}.{os.getpid()}.tmp")
-        tmp.write_text(public_key_pem(key))
-        with contextlib.suppress(FileExistsError):
-            # First writer wins; everyone then trusts what is on disk.
-            os.link(tmp, pin)
-        tmp.unlink()
-        log.warning("trusting the root key %s of the local farm %s on first use (pinned in %s); "
-                    "set FARM_ROOT_KEY to configure it instead", key_id(key), self.url, pin)
-        return load_public_key(pin)
-
-    def trust_store(self) -> TrustStore:
-        from farm.node.verify import TrustStore
-
-        return TrustStore(self.cache.root / "trust")
-
-    def trust_list(self, *, refresh: bool = False) -> TrustList:
-        """The farm's trust list, verified by the root key; never older than
-        one this node accepted before (kept under the cache directory)."""
-        from farm.core import attest
-        from farm.node.verify import AttestationRefused
-
-        with self._trust_lock:
-            now = time.monotonic()
-            if self._trust is not None and not refresh and now - self._trust[0] < TRUST_LIST_TTL_S:
-                return self._trust[1]
-            root = self.public_key()
-            fetched = None
-            try:
-                body = self._request("GET", "/v1/trust-list")
-            except NotFoundError:
-                body = None
-            except FarmUnavailable as exc:
-                # Offline (a node running what it prefetched): the newest list
-                # this node accepted before, verified again; none, and it refuses.
-                log.warning("torch-farm: cannot fetch the trust list (%s); using the one this "
-                            "node kept", exc)
-                body = None
-            if body is not None:
-                try:
-                    fetched = attest.verify_trust_list(body, root)
-                except attest.AttestationError as exc:
-                    raise AttestationRefused(str(exc), field=exc.field) from None
-            tl = self.trust_store().accept_trust_list(fetched, root)
-            self._trust = (now, tl)
-            return tl
-
-    def put_trust_list(self, envelope: Mapping[str, Any]) -> dict[str, Any]:
-        """Upload a trust list the admin signed offline (admin)."""
-        with self._trust_lock:
-            self._trust = None
-        return dict(self._request("PUT", "/v1/trust-list", json=dict(envelope)))
-
-    def verify_signature(self, resolved: Mapping[str, Any], *,
-                         request: NodeRequest | None = None) -> Verified:
-        """Check the attestations of a resolve answer against this node's
-        request; returns what verified, or raises ``AttestationRefused`` (an
-        ``IntegrityError``) naming the field. Needs no bytes: call it before
-        downloading."""
-        from farm.node.verify import AttestationRefused, NodeRequest, verify_attestation
-
-        artifact = resolved.get("artifact", resolved)
-        if not isinstance(artifact, Mapping):
-            raise FarmError("verify needs a resolve answer or its 'artifact'")
-        if request is None:
-            raw = resolved.get(NODE_REQUEST)
-            if not isinstance(raw, Mapping):
-                raise FarmError("verify needs the node's own request: pass the answer of "
-                                "FarmClient.resolve, or request=NodeRequest(...)")
-            request = NodeRequest.from_json(raw)
-        bundle = artifact.get("attestation")
-        if not isinstance(bundle, Mapping):
-            raise AttestationRefused(f"artifact {str(artifact.get('digest'))[:12]} carries no "
-                                     "attestation", field="attestation")
-        seen = None
-        if request.ref is not None:
-            seen = self.trust_store().alias_seen(self.url, request.model, request.ref)
-        claimed = {**artifact, "version": resolved.get("version", artifact.get("version"))}
-        return verify_attestation(bundle, self.trust_list(), request, claimed=claimed,
-                                  alias_seen=seen)
 
     def _blob_chunks(self, digest: str) -> Iterator[bytes]:
         """The blob's bytes from the API, following a redirect to presigned

@@ -17,7 +17,7 @@ two overlap (the load path, see ``prefetch_compiled``)::
     model = build_model().cuda(); model.load_state_dict(torch.load(...))
     fn = handle.bind(model)
 
-Trust (what is checked before anything is loaded) is ``farm.node.client``'s.
+Trust (what is checked before anything is loaded) is ``farm.node.trust``'s.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def test_training_artifact_runs_backward_with_eagers_gradients(tmp_path: Path) -
     assert not report.first_call_compiled  # the backward was compiled ahead too
 
     res = compile_in_child(spec, tmp_path / "aoti", ["aoti"])
-    assert not res.ok and res.error_type == "farm.build.compile.CompileError"
+    assert not res.ok and res.error_type == "farm.build.compile_common.CompileError"
 
 
 def test_dynamic_batch_artifact_serves_two_sizes(tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ def test_tensor_literal_gets_no_aoti_package_but_an_aot_compile_one(tmp_path: Pa
     assert set(arts) == {"aot_compile"}
     assert "register_buffer" in arts["aot_compile"]["meta"]["aoti_skipped"]
     res = compile_in_child(spec, tmp_path / "explicit", ["aoti"])
-    assert not res.ok and res.error_type == "farm.build.compile.AOTIUnsupported"
+    assert not res.ok and res.error_type == "farm.build.compile_common.AOTIUnsupported"
 
 
 def test_verifier_rejects_an_artifact_for_another_model(

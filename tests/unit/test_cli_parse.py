@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.app import cli, commands
+from farm.app import admin_commands, cli, commands
 from farm.core.inputs import TensorSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def test_submit_takes_named_inputs_and_regional() -> None:
 
 def test_other_commands_parse() -> None:
     assert parse("status", "abc", "--json").job_id == "abc"
-    assert parse("alias", "set", "llama", "prod", "1.0").func is commands.cmd_alias_set
+    assert parse("alias", "set", "llama", "prod", "1.0").func is admin_commands.cmd_alias_set
     t = parse("token", "create", "fleet", "--role", "read")
     assert (t.name, t.role) == ("fleet", "read")
     w = parse("worker", "compile", "--device", "cpu", "--concurrency", "2")

@@ -1,4 +1,4 @@
-"""How a build chooses its weights (farm.build.compile.build_for_compile and
+"""How a build chooses its weights (farm.build.weightless.build_for_compile and
 farm.build.fake_weights), with the GPU's memory figures stubbed: the decision
 and the messages are plain Python; a FakeTensor on "cuda" needs no GPU."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import farm.build.compile as compile_mod
+import farm.build.weightless as weightless
 from farm.build.fake_weights import WeightsPlan, describe_failure
 from farm.core.specs import JobSpec
 
@@ -26,13 +26,13 @@ def job(weights: str | None = None, **options: object) -> JobSpec:
 @pytest.fixture
 def tiny_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """A build GPU with 1 KiB free: no model's weights fit."""
-    monkeypatch.setattr(compile_mod, "usable_gpu_memory", lambda device: (1024, 2048))
+    monkeypatch.setattr(weightless, "usable_gpu_memory", lambda device: (1024, 2048))
 
 
 def test_auto_builds_fake_weights_on_cuda_when_they_do_not_fit(tiny_gpu: None) -> None:
     from torch._subclasses.fake_tensor import FakeTensor
 
-    model, plan = compile_mod.build_for_compile(job(), torch.device("cuda"))
+    model, plan = weightless.build_for_compile(job(), torch.device("cuda"))
     assert plan.mode == "fake"
     assert plan.why.startswith("they do not fit the build device: the model's weights take")
     assert plan.does_not_fit is not None
@@ -41,28 +41,28 @@ def test_auto_builds_fake_weights_on_cuda_when_they_do_not_fit(tiny_gpu: None) -
 
 
 def test_empty_keeps_the_early_failure_with_the_numbers(tiny_gpu: None) -> None:
-    with pytest.raises(compile_mod.ModelDoesNotFit, match=r"weights take 0\.0 GiB, and cuda "
+    with pytest.raises(weightless.ModelDoesNotFit, match=r"weights take 0\.0 GiB, and cuda "
                                                           r"has 0\.0 of 0\.0 GiB free"):
-        compile_mod.build_for_compile(job("empty"), torch.device("cuda"))
+        weightless.build_for_compile(job("empty"), torch.device("cuda"))
 
 
 def test_a_tensor_parallel_build_that_does_not_fit_says_fake_cannot_help(
         tiny_gpu: None) -> None:
     parallel = {"world_size": 2, "mesh_shape": [2], "mesh_dim_names": ["tp"],
                 "plan": {"fc1": "colwise", "fc2": "rowwise"}}
-    with pytest.raises(compile_mod.ModelDoesNotFit, match="a fake-weight build cannot help: a "
+    with pytest.raises(weightless.ModelDoesNotFit, match="a fake-weight build cannot help: a "
                                                           "tensor-parallel build"):
-        compile_mod.build_for_compile(job(parallel=parallel), torch.device("cuda"))
+        weightless.build_for_compile(job(parallel=parallel), torch.device("cuda"))
 
 
 def test_cpu_and_weights_that_fit_build_as_before() -> None:
-    model, plan = compile_mod.build_for_compile(job(), torch.device("cpu"))
+    model, plan = weightless.build_for_compile(job(), torch.device("cpu"))
     assert plan.mode == "empty" and plan.why == "they fit the build device"
     assert type(model.fc1.weight) is torch.nn.Parameter
 
 
 def test_fake_on_request_on_cpu() -> None:
-    model, plan = compile_mod.build_for_compile(job("fake"), torch.device("cpu"))
+    model, plan = weightless.build_for_compile(job("fake"), torch.device("cpu"))
     assert plan.to_json() == {"mode": "fake", "why": "asked for (options.weights fake)"}
     assert model.fc1.weight.device.type == "cpu"
     assert type(model.fc1.weight).__name__ == "FakeTensor"
@@ -83,8 +83,8 @@ def test_the_fit_check_sees_a_per_process_memory_fraction(
                         lambda device=None: 1.0 / 140, raising=False)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: GIB // 4)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    free, total = compile_mod.usable_gpu_memory(torch.device("cuda"))
+    free, total = weightless.usable_gpu_memory(torch.device("cuda"))
     assert (free, total) == (GIB - GIB // 4, 140 * GIB)
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction",
                         lambda device=None: 1.0, raising=False)
-    assert compile_mod.usable_gpu_memory(torch.device("cuda")) == (100 * GIB, 140 * GIB)
+    assert weightless.usable_gpu_memory(torch.device("cuda")) == (100 * GIB, 140 * GIB)

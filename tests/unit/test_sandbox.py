@@ -179,7 +179,8 @@ def test_without_compilers_hides_every_compiler() -> None:
 def test_a_model_too_big_for_the_build_gpu_fails_early_with_numbers() -> None:
     import torch
 
-    from farm.build.compile import ModelDoesNotFit, check_fits, tensor_bytes
+    from farm.build.compile_common import ModelDoesNotFit
+    from farm.build.weightless import check_fits, tensor_bytes
 
     with torch.device("meta"):
         big = torch.nn.Linear(1024, 1024, dtype=torch.bfloat16)
