@@ -19,6 +19,7 @@ from celery.exceptions import Retry
 from sqlalchemy.exc import OperationalError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from farm.build import zygote
 from farm.build.codeenv import NO_DEPS_HINT, CodeUnavailable, code_dir, code_root, env_dir, env_root
 from farm.build.compile_cache import CacheSession, namespace, open_store
 from farm.build.isolation import SandboxUnavailable
@@ -225,7 +226,9 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
     db = context.database()
     store = context.blob_store()
     s = context.settings()
-    with tempfile.TemporaryDirectory(prefix="farm-build-") as tmp:
+    # In this worker's zygote slot (farm.build.zygote): the build's children
+    # then fork from a warm, sandboxed interpreter instead of importing torch.
+    with tempfile.TemporaryDirectory(prefix="farm-build-", dir=zygote.work_dir()) as tmp:
         try:
             paths = _code_paths(spec)
             isolation = build_isolation(writable=(tmp,), what=f"build {build_key[:12]}")

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib
 import json
 import logging
@@ -56,6 +57,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from farm.build import zygote
 from farm.build.child_env import allowed_env, scrubbed_env
 from farm.build.isolation import (
     DEFAULT_SANDBOX_UID,
@@ -63,10 +65,12 @@ from farm.build.isolation import (
     SANDBOX_MODES,
     Isolation,
     SandboxUnavailable,
+    _chown_tree,
     bwrap_argv,
     farm_package_dir,
     setpriv,
 )
+from farm.build.watchdog import Watch
 from farm.build.watchdog import watch as watch_child
 
 log = logging.getLogger(__name__)
@@ -127,13 +131,15 @@ def run_isolated(
     env: Mapping[str, str] | None = None,
     import_paths: Sequence[str | Path] = (),
     isolation: Isolation | None = None,
+    warm: bool = True,
 ) -> SandboxResult:
     """Call ``target`` ("pkg.mod:function") with ``payload`` in a fresh process.
 
     ``env`` replaces the inherited environment (it is still scrubbed);
     ``env_extra`` is added after scrubbing. ``import_paths`` go first on the
     child's ``sys.path`` (unpacked code packs). With ``isolation`` the child
-    runs in namespaces of its own (module docstring); without, it is only a
+    runs in namespaces of its own (module docstring), forked from a warm zygote
+    (``farm.build.zygote``) where one can run it and ``warm`` allows; without, it is only a
     process with a scrubbed environment. Never raises for anything the child
     does; raises ``ValueError`` for a malformed target and
     ``SandboxUnavailable`` when ``isolation`` is asked for and impossible.
@@ -151,6 +157,12 @@ def run_isolated(
         p for p in (*paths, farm_root, "" if isolation else child_env.get("PYTHONPATH", "")) if p
     )
     child_env.setdefault("PYTHONFAULTHANDLER", "1")
+    if isolation is not None and warm and zygote.enabled():
+        forked = _run_in_zygote(target, payload, timeout_s=timeout_s, memory_mb=memory_mb,
+                                cwd=cwd, child_env=child_env, paths=paths, farm_root=farm_root,
+                                isolation=isolation)
+        if forked is not None:
+            return forked
     with tempfile.TemporaryDirectory(prefix="farm-sandbox-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / _PAYLOAD).write_text(json.dumps(dict(payload)))
@@ -183,49 +195,125 @@ def run_isolated(
                 start_new_session=True,
             )
             watch = watch_child(proc, timeout_s=timeout_s, memory_mb=memory_mb)
-        wall = time.monotonic() - t0
-        res = SandboxResult(
-            ok=False,
-            wall_s=wall,
-            peak_rss_mb=watch.peak_rss_mb,
-            timed_out=watch.timed_out,
-            oom=watch.oom,
-            stdout_tail=_tail(out_path),
-            stderr_tail=_tail(err_path),
-        )
-        rc = proc.returncode
-        if rc is not None and rc < 0:
-            res.signal = _signal_name(-rc)
-        elif rc is not None and rc > 128 and isolation is not None:
-            # bubblewrap reports a child killed by a signal as 128 + signal.
-            res.signal = _signal_name(rc - 128)
-        else:
-            res.exit_code = rc
+        return _finish(tmpdir, proc.returncode, watch, time.monotonic() - t0,
+                       timeout_s=timeout_s, memory_mb=memory_mb,
+                       bwrap_status=isolation is not None)
+
+
+def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
+                   memory_mb: float, cwd: str | Path | None, child_env: dict[str, str],
+                   paths: list[str], farm_root: str,
+                   isolation: Isolation) -> SandboxResult | None:
+    """``run_isolated`` through a warm zygote (``farm.build.zygote``); None when
+    none can run this child (a path outside the slot, the zygote busy or
+    failing): the caller starts a fresh process."""
+    slot = zygote.slot_root()
+    inside = [*isolation.readonly, *isolation.writable, *([cwd] if cwd else [])]
+    if not all(zygote.under(p, slot) for p in inside):
+        return None
+    zenv = {**child_env, "PYTHONPATH": farm_root}
+    z = zygote.ZYGOTES.take(zenv, uid=isolation.uid, memory_mb=memory_mb)
+    if z is None:
+        return None
+    run = Path(tempfile.mkdtemp(prefix="run-", dir=slot))
+    try:
+        io_dir, code = run / "io", run / "code"
+        run.chmod(0o711)  # the child passes through; the names under it are its own
+        (io_dir / "home").mkdir(parents=True)
+        code.mkdir(mode=0o755)
+        # Code packs are copied in (the zygote sees only the slot), root's and
+        # read-only to the child as where they came from.
+        copies = []
+        for i, src in enumerate(paths):
+            dst = code / str(i)
+            shutil.copytree(src, dst, symlinks=True)
+            copies.append(str(dst))
+        (io_dir / _PAYLOAD).write_text(json.dumps(dict(payload)))
+        if os.geteuid() == 0:
+            for own in (str(io_dir), *isolation.writable):
+                _chown_tree(Path(own), isolation.uid)
+        before = {p: _digest(p) for p in isolation.readonly}
+        env = {**child_env, "PYTHONPATH": os.pathsep.join([*copies, farm_root]),
+               "HOME": str(io_dir / "home"), "USER": "sandbox", "LOGNAME": "sandbox",
+               "TMPDIR": "/tmp"}
+        work = str(Path(cwd).resolve()) if cwd else str(io_dir)
+        t0 = time.monotonic()
+        child = z.fork({"target": target, "tmpdir": str(io_dir), "argv0": __file__,
+                        "stdout": str(io_dir / "stdout"), "stderr": str(io_dir / "stderr"),
+                        "env": env, "cwd": work, "paths": copies})
+        watch = (Watch() if child.returncode is not None
+                 else watch_child(child, timeout_s=timeout_s, memory_mb=memory_mb))
         if watch.timed_out or watch.oom:
-            res.error = (
-                f"killed after {timeout_s:.0f} s wall-clock limit"
-                if watch.timed_out
-                else f"killed above {memory_mb:.0f} MB resident memory"
-            )
-            return res
-        result_file = tmpdir / _RESULT
-        if result_file.exists() and not result_file.is_symlink():
-            try:
-                data = json.loads(result_file.read_text())
-            except ValueError as exc:
-                res.error = f"unreadable result from child: {exc}"
-                return res
-            res.ok = bool(data.get("ok")) and rc == 0
-            res.value = data.get("value")
-            res.error_type = data.get("error_type")
-            res.error = data.get("error")
-            res.traceback = data.get("traceback")
-            res.signal = None if res.ok else res.signal
-        elif res.signal is None:
-            res.error = f"child exited with code {rc} without a result"
-            if isolation is not None and "bwrap:" in res.stderr_tail:
-                res.error += f" (the sandbox failed to start: {_first_bwrap_line(res)})"
+            z.dirty = True  # the sandbox goes with the child it could not stop
+        res = _finish(io_dir, child.returncode, watch, time.monotonic() - t0,
+                      timeout_s=timeout_s, memory_mb=memory_mb, bwrap_status=False)
+        changed = [p for p, d in before.items() if _digest(p) != d]
+        if changed:
+            res.ok = False
+            res.error = f"the child changed its read-only input {changed[0]}"
         return res
+    except (zygote.ZygoteFailed, OSError, ValueError) as exc:
+        log.warning("build zygote failed (%s): the child starts fresh", exc)
+        z.dirty = True
+        return None
+    finally:
+        zygote.ZYGOTES.release()
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def _digest(path: str) -> str | None:
+    p = Path(path)
+    if not p.is_file():
+        return None
+    with open(p, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _finish(tmpdir: Path, rc: int | None, watch: Watch, wall: float, *, timeout_s: float,
+            memory_mb: float, bwrap_status: bool) -> SandboxResult:
+    """The child's end, its output's tails and its result file, as a result."""
+    out_path, err_path = tmpdir / "stdout", tmpdir / "stderr"
+    res = SandboxResult(
+        ok=False,
+        wall_s=wall,
+        peak_rss_mb=watch.peak_rss_mb,
+        timed_out=watch.timed_out,
+        oom=watch.oom,
+        stdout_tail=_tail(out_path),
+        stderr_tail=_tail(err_path),
+    )
+    if rc is not None and rc < 0:
+        res.signal = _signal_name(-rc)
+    elif rc is not None and rc > 128 and bwrap_status:
+        # bubblewrap reports a child killed by a signal as 128 + signal.
+        res.signal = _signal_name(rc - 128)
+    else:
+        res.exit_code = rc
+    if watch.timed_out or watch.oom:
+        res.error = (
+            f"killed after {timeout_s:.0f} s wall-clock limit"
+            if watch.timed_out
+            else f"killed above {memory_mb:.0f} MB resident memory"
+        )
+        return res
+    result_file = tmpdir / _RESULT
+    if result_file.exists() and not result_file.is_symlink():
+        try:
+            data = json.loads(result_file.read_text())
+        except ValueError as exc:
+            res.error = f"unreadable result from child: {exc}"
+            return res
+        res.ok = bool(data.get("ok")) and rc == 0
+        res.value = data.get("value")
+        res.error_type = data.get("error_type")
+        res.error = data.get("error")
+        res.traceback = data.get("traceback")
+        res.signal = None if res.ok else res.signal
+    elif res.signal is None:
+        res.error = f"child exited with code {rc} without a result"
+        if bwrap_status and "bwrap:" in res.stderr_tail:
+            res.error += f" (the sandbox failed to start: {_first_bwrap_line(res)})"
+    return res
 
 
 def _first_bwrap_line(res: SandboxResult) -> str:
@@ -245,7 +333,7 @@ def isolation_unavailable(uid: int = DEFAULT_SANDBOX_UID) -> str | None:
         return "setpriv (util-linux) is not installed: the sandbox needs it to drop to its uid"
     try:
         res = run_isolated("farm.build.sandbox:_probe", {}, timeout_s=60, memory_mb=4096,
-                           isolation=Isolation(uid=uid))
+                           isolation=Isolation(uid=uid), warm=False)
     except SandboxUnavailable as exc:
         return str(exc)
     if not res.ok:

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from farm.build import zygote
 from farm.build.child_env import compilers_on_path, without_compilers
 from farm.build.compare import GRAD_FACTOR, Tolerance, Worst, compare_tree, non_finite
 from farm.build.compile_watch import CompileWatch, autotuned_in, compiled_in
@@ -159,7 +160,8 @@ def verify_artifact(
     """
     if cold_node is None:
         cold_node = format == "aoti" and device == "cpu"
-    cache = tempfile.mkdtemp(prefix="farm-verify-cache-")
+    cache = tempfile.mkdtemp(prefix="farm-verify-cache-",
+                             dir=zygote.work_dir() if isolation is not None else None)
     try:
         env = without_compilers() if cold_node else dict(os.environ)
         # An empty cache of its own (nothing the build or the shared cache

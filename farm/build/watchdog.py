@@ -10,6 +10,7 @@ import signal as signal_mod
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import psutil
 
@@ -19,6 +20,17 @@ _RESCAN_EVERY = 10
 _TERM_GRACE_S = 2.0
 
 
+class Child(Protocol):
+    """A ``subprocess.Popen``, or a zygote's forked child (``farm.build.zygote``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 @dataclass
 class Watch:
     timed_out: bool = False
@@ -26,7 +38,7 @@ class Watch:
     peak_rss_mb: float = 0.0
 
 
-def watch(proc: subprocess.Popen[bytes], *, timeout_s: float, memory_mb: float) -> Watch:
+def watch(proc: Child, *, timeout_s: float, memory_mb: float) -> Watch:
     """Wait for ``proc``; kill its group on time-out or memory-out."""
     w = Watch()
     deadline = time.monotonic() + timeout_s
@@ -91,7 +103,7 @@ class _Tree:
         return total / 2**20
 
 
-def _kill_tree(proc: subprocess.Popen[bytes], root: psutil.Process, *, grace_s: float) -> None:
+def _kill_tree(proc: Child, root: psutil.Process, *, grace_s: float) -> None:
     """SIGTERM (after ``grace_s``: SIGKILL) to the child's process group, and to
     any descendant that left the group (a compile worker with its own session)."""
     try:

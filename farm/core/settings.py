@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     # "off" (development only: unisolated, a warning at every build).
     farm_sandbox: str = "on"
     farm_sandbox_uid: int = 65534
+    # Build children forked from a warm, sandboxed zygote that has imported
+    # torch, Dynamo and Inductor (farm.build.zygote): "on", or "off" (every
+    # child a new interpreter).
+    farm_build_zygote: str = "on"
     # Largest code pack `farm submit` uploads and the API accepts (bytes).
     code_pack_max_bytes: int = 64 * 1024**2
     # Where a build worker's pip finds the pins of `farm submit --requirements`

@@ -30,7 +30,7 @@ joined, atexit handlers run, uncaught KeyboardInterrupt ends it by SIGINT).
 What it shares with the agent, unlike a fresh process: the imported modules
 and their import-time state (torch's configs read their environment variables
 when imported, so a request whose import-time variables differ from the
-agent's is refused: see ``IMPORT_TIME_ENV``), the str hash seed
+agent's is refused: see ``farm.core.import_env``), the str hash seed
 (PYTHONHASHSEED), warnings already shown once, and the interpreter's flags.
 The child's side lives in ``farm.node.agent_child``.
 """
@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farm.core.import_env import import_time_env
 from farm.node.agent_child import FRESH_WARNING_FILTERS, Command, child_main
 from farm.node.run import HEADER, MAX_REQUEST, default_socket, read_messages, send_message
 
@@ -86,15 +87,6 @@ PRELOAD = (
     "farm.core.modelref",
 )
 
-# Environment variables read when a module is imported (torch's, Inductor's,
-# Triton's configs; the OpenMP/BLAS runtimes; the interpreter): a child cannot
-# take another value from its request, so one that differs is refused.
-IMPORT_TIME_ENV = ("TORCH", "PYTORCH", "TRITON", "INDUCTOR", "MKL_", "KMP_", "OPENBLAS_",
-                   "GOMP_", "OMP_", "LD_", "PYTHON", "MALLOC_")
-# ...except these, read when used (cache dirs), or applied in the child.
-LAZY_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_HOME",
-                      "OMP_NUM_THREADS", "PYTHONPATH", "PYTHONUNBUFFERED",
-                      "PYTHONSTARTUP", "PYTHONBREAKPOINT"})
 
 
 
@@ -209,9 +201,8 @@ def parse_command(argv: list[str], env: dict[str, str], cwd: str) -> Command:
 
 
 def check_env(env: dict[str, str], base: dict[str, str]) -> None:
-    differ = sorted(k for k in set(env) | set(base)
-                    if k.startswith(IMPORT_TIME_ENV) and k not in LAZY_ENV
-                    and env.get(k) != base.get(k))
+    mine, theirs = import_time_env(base), import_time_env(env)
+    differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     if differ:
         raise Refused(f"{', '.join(differ[:5])} differ from the agent's, and torch read them "
                       "when the agent imported it: start an agent with them")

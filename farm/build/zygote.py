@@ -1,0 +1,453 @@
+"""A warm start for sandboxed build children: a process that has already
+imported torch, Dynamo and Inductor forks each child instead of a new
+interpreter importing them again.
+
+Why: every trace, compile and verify child started as a new ``python`` that
+spent its first 5-8 s (on 2 cores) importing torch, Dynamo and Inductor
+before any model code ran; a small CPU build is about 24 s of child CPU, of
+which 7-15 s were those imports (``bench/build_phases.py``).
+
+How it stays isolated. The zygote runs in a bubblewrap sandbox of its own,
+built exactly as a build child's (``farm.build.isolation``: its own user, pid,
+net, mount, ipc and uts namespaces, the sandbox uid, no capabilities, the
+read-only system), with one writable directory, the *slot* (``slot_root``),
+private to this worker process. A build that runs through it keeps
+everything it touches under the slot: its build directory, its payload, a
+copy of its code pack. And one build runs at a time; between two children:
+
+- nothing else may be alive in the sandbox but the zygote (a model that left
+  a process behind, a daemon, a stopped child: the whole sandbox is killed
+  and the next child starts a new one);
+- its ``/tmp`` and ``/dev/shm`` are emptied, and the worker removes the
+  build's files from the slot;
+- the zygote is not dumpable (``PR_SET_DUMPABLE`` 0): a child of the same
+  uid can neither ptrace it nor read its memory or environment;
+- a time-out or memory-out kills the sandbox, not only the child.
+
+The zygote itself never runs model code and reads nothing but its requests
+from the worker's pipe. What a forked child shares with it: the imported
+modules and their import-time state. torch's configs read some environment
+variables when imported (``farm.core.import_env``), so the worker keeps one
+zygote per set of those values, and a child whose values have no zygote
+starts one. The child's environment, working directory, ``sys.path``,
+signal handlers and random seeds are set as a fresh process has them.
+
+``FARM_BUILD_ZYGOTE=off`` starts every child as a new interpreter, as before;
+a zygote that fails to start, or any path of a child outside the slot,
+does the same for that child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import select
+import shutil
+import signal as signal_mod
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# What a zygote imports before it serves: what the trace, compile and verify
+# children import before running model code.
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "torch._inductor.compile_fx",
+    "farm.build.sandbox",
+    "farm.build.steps",
+    "farm.build.trace",
+    "farm.build.compile",
+    "farm.build.verify",
+)
+# The C++ compiler Inductor's config reads from CXX/CC when imported.
+# PATH too: a zygote's sandbox mounts what its PATH needs (a verify child's
+# compiler-free directory), and a child must find its own PATH's entries.
+_IMPORT_TIME_EXTRA = ("CC", "CXX", "CPP", "PATH")
+_START_TIMEOUT_S = 300.0
+_REPLY_TIMEOUT_S = 30.0
+_MAX_ZYGOTES = 3
+
+
+def slot_root() -> Path:
+    """This worker process's slot: the one writable directory its zygotes see."""
+    root = Path(tempfile.gettempdir()) / f"farm-slot-{os.getpid()}"
+    root.mkdir(mode=0o711, exist_ok=True)
+    return root
+
+
+def work_dir() -> str | None:
+    """Where a build keeps its files (``tempfile``'s ``dir``): in the slot when
+    zygotes are on, so its children can be forked (None: the default)."""
+    return str(slot_root()) if enabled() else None
+
+
+def enabled() -> bool:
+    from farm.core.settings import get_settings
+
+    return str(getattr(get_settings(), "farm_build_zygote", "on")).lower() not in (
+        "off", "0", "false", "no")
+
+
+def under(path: str | Path, root: Path) -> bool:
+    p = Path(path).resolve()
+    return p == root or root in p.parents
+
+
+class ZygoteFailed(RuntimeError):
+    """The zygote could not run this child; the caller starts a fresh process."""
+
+
+@dataclass
+class _Child:
+    """What ``farm.build.watchdog.watch`` needs of a process: the forked
+    child, seen from the worker, with its end reported by the zygote."""
+
+    zygote: Zygote
+    pid: int
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.zygote._read_end(self, timeout=0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("zygote child", timeout or 0.0)
+            if not self.zygote.alive():
+                # The sandbox died (killed by the watchdog, or by the child):
+                # the child went with it.
+                self.returncode = -signal_mod.SIGKILL
+                break
+            self.zygote._read_end(self, timeout=0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+
+@dataclass
+class Zygote:
+    """One sandboxed zygote (``start``), serving one child at a time (``fork``)."""
+
+    env: dict[str, str]
+    uid: int
+    memory_mb: float
+    slot: Path
+    proc: subprocess.Popen[bytes] | None = None
+    host_pid: int = 0
+    dirty: bool = False
+    state: Path | None = None
+    _buf: bytes = b""
+
+    def start(self) -> None:
+        from farm.build.isolation import Isolation, bwrap_argv
+
+        self.state = Path(tempfile.mkdtemp(prefix="zygote-", dir=self.slot))
+        (self.state / "home").mkdir()
+        env = {**self.env, "HOME": str(self.state / "home"), "USER": "sandbox",
+               "LOGNAME": "sandbox", "TMPDIR": "/tmp"}
+        argv = bwrap_argv([sys.executable, "-m", "farm.build.zygote", str(self.slot)],
+                          isolation=Isolation(writable=(str(self.slot),), uid=self.uid),
+                          tmpdir=self.state, readonly=(), env=env, cwd=None,
+                          memory_mb=self.memory_mb)
+        if os.geteuid() == 0:
+            # bwrap_argv gave the slot to the sandbox uid, as it does a build
+            # directory: take the slot itself back (children may pass through
+            # it, not list it or add to it); what is under it stays theirs.
+            os.chown(self.slot, 0, 0)
+            os.chmod(self.slot, 0o711)
+        with open(self.state / "zygote.log", "wb") as err:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, env=env, start_new_session=True)
+        ready = self._reply(_START_TIMEOUT_S)
+        if not ready.get("ready"):
+            raise ZygoteFailed(f"zygote did not start: {ready}")
+        import psutil
+
+        for p in psutil.Process(self.proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "farm.build.zygote" in p.cmdline():
+                    self.host_pid = p.pid
+        if not self.host_pid:
+            raise ZygoteFailed("zygote process not found in its sandbox")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal_mod.SIGKILL)
+            with contextlib.suppress(Exception):
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            for f in (self.proc.stdin, self.proc.stdout):
+                with contextlib.suppress(Exception):
+                    f.close()  # type: ignore[union-attr]
+        if self.state is not None:
+            shutil.rmtree(self.state, ignore_errors=True)
+
+    def _send(self, msg: Mapping[str, Any]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(dict(msg)).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def _line(self, timeout: float) -> bytes | None:
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(0.0, left))
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise ZygoteFailed("the zygote exited")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
+
+    def _reply(self, timeout: float) -> dict[str, Any]:
+        line = self._line(timeout)
+        if line is None:
+            raise ZygoteFailed(f"no answer from the zygote within {timeout:.0f} s")
+        return dict(json.loads(line))
+
+    def _read_end(self, child: _Child, *, timeout: float) -> None:
+        try:
+            line = self._line(timeout)
+        except (ZygoteFailed, OSError, ValueError):
+            child.returncode = -signal_mod.SIGKILL
+            self.dirty = True
+            return
+        if line is None:
+            return
+        end = json.loads(line)
+        status = int(end["status"])
+        child.returncode = (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
+                            else os.WEXITSTATUS(status))
+        if end.get("leftovers") or not end.get("clean", False):
+            # A process outlived the child, or the zygote could not clean up:
+            # this sandbox serves no other child.
+            log.warning("build sandbox: %s left after the child; starting a new zygote",
+                        end.get("leftovers") or "files")
+            self.dirty = True
+
+    def fork(self, request: Mapping[str, Any]) -> _Child:
+        self._send(request)
+        answer = self._reply(_REPLY_TIMEOUT_S)
+        if "pid" not in answer:
+            raise ZygoteFailed(f"the zygote refused the child: {answer}")
+        import psutil
+
+        kids = [p.pid for p in psutil.Process(self.host_pid).children()]
+        if len(kids) != 1:
+            # The child ended already (or something else is there): read its end.
+            child = _Child(self, pid=kids[0] if kids else 0)
+            if not kids:
+                child.wait(timeout=_REPLY_TIMEOUT_S)
+            return child
+        return _Child(self, pid=kids[0])
+
+
+class Zygotes:
+    """This worker process's zygotes, one per import-time environment."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # One child at a time in this process's slot, whichever zygote runs it:
+        # two builds in one slot could read each other's files.
+        self.busy = threading.Lock()
+        self._by_key: dict[str, Zygote] = {}
+
+    def take(self, env: Mapping[str, str], *, uid: int, memory_mb: float) -> Zygote | None:
+        """A started zygote for ``env``, locked for the caller; None when every
+        one that fits is busy (the caller starts a fresh process)."""
+        from farm.core.import_env import import_time_env
+
+        key = hashlib.sha256(json.dumps(
+            [sorted(import_time_env(env, extra=_IMPORT_TIME_EXTRA).items()), uid, memory_mb],
+        ).encode()).hexdigest()
+        if not self.busy.acquire(blocking=False):
+            return None
+        with self._lock:
+            z = self._by_key.get(key)
+            if z is not None and (z.dirty or not z.alive()):
+                z.stop()
+                z = None
+            if z is None:
+                while len(self._by_key) >= _MAX_ZYGOTES:
+                    _, old = self._by_key.popitem()
+                    old.stop()
+                z = Zygote(env=dict(env), uid=uid, memory_mb=memory_mb, slot=slot_root())
+                self._by_key[key] = z
+        if z.proc is None:
+            try:
+                z.start()
+            except Exception as exc:
+                log.warning("build zygote did not start (%s): children start fresh", exc)
+                z.dirty = True
+                self.busy.release()
+                return None
+        return z
+
+    def release(self) -> None:
+        self.busy.release()
+
+    def stop_all(self) -> None:
+        with self._lock:
+            for z in self._by_key.values():
+                z.stop()
+            self._by_key.clear()
+
+
+ZYGOTES = Zygotes()
+
+
+# --- inside the sandbox ----------------------------------------------------------
+
+
+# The pipe to the worker: a duplicate of the zygote's first stdout, which then
+# goes to its log like stderr (nothing a library prints can reach the worker
+# as an answer). Closed in every child.
+_PROTO_FD = -1
+
+
+def _write(msg: Mapping[str, Any]) -> None:
+    os.write(_PROTO_FD, json.dumps(dict(msg)).encode() + b"\n")
+
+
+def _others() -> list[int]:
+    me = os.getpid()
+    return [int(p) for p in os.listdir("/proc")
+            if p.isdigit() and int(p) not in (1, me)]
+
+
+def _wipe(top: str, keep: str) -> bool:
+    """Empty ``top`` but for the directories that lead to ``keep`` (the slot's
+    mount point, when the slot lives under /tmp)."""
+    ok = True
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(top):
+            p = os.path.join(top, name)
+            if keep == p or keep.startswith(p + "/"):
+                if keep != p and not _wipe(p, keep):
+                    ok = False
+                continue
+            try:
+                if os.path.isdir(p) and not os.path.islink(p):
+                    for d, _, _ in os.walk(p):
+                        with contextlib.suppress(OSError):
+                            os.chmod(d, 0o700)
+                    shutil.rmtree(p)
+                else:
+                    os.unlink(p)
+            except OSError as exc:
+                print(f"zygote: cannot remove {p}: {exc}", file=sys.stderr, flush=True)
+                ok = False
+    return ok
+
+
+def _child(req: dict[str, Any]) -> None:
+    code = 70
+    try:
+        os.close(_PROTO_FD)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            out = os.open(req[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(out, fd)
+            os.close(out)
+        os.close(null)
+        for sig in (signal_mod.SIGTERM, signal_mod.SIGINT, signal_mod.SIGHUP,
+                    signal_mod.SIGCHLD):
+            signal_mod.signal(sig, signal_mod.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.chdir(req["cwd"])
+        sys.path[:0] = list(req["paths"])
+        sys.argv = [req["argv0"], req["target"], req["tmpdir"], "isolated"]
+        import random
+
+        random.seed()
+        import torch
+
+        torch.default_generator.seed()
+        from farm.core.settings import get_settings
+
+        get_settings.cache_clear()
+        from farm.build.sandbox import child_main
+
+        code = child_main([req["target"], req["tmpdir"], "isolated"])
+    except BaseException:
+        import traceback
+
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def main() -> int:
+    import ctypes
+    import importlib
+
+    global _PROTO_FD
+    slot = sys.argv[1]
+    _PROTO_FD = os.dup(1)
+    os.dup2(2, 1)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE, 0
+    for name in PRELOAD:
+        importlib.import_module(name)
+    # One Python thread: a fork copies only the calling one. (numpy's OpenBLAS
+    # starts a native pool when torch imports numpy; its own pthread_atfork
+    # handlers stop it before a fork and the child starts its own, as in the
+    # node agent, farm.node.agent.)
+    threads = threading.active_count()
+    _write({"ready": threads == 1, "threads": threads, "others": len(_others())})
+    if threads != 1:
+        return 1
+    stdin = os.fdopen(0, "rb", buffering=0)
+    pending = b""
+    while True:
+        while b"\n" not in pending:
+            chunk = stdin.read(65536)
+            if not chunk:
+                return 0
+            pending += chunk
+        line, _, pending = pending.partition(b"\n")
+        req = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            stdin.close()
+            _child(req)
+        _write({"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        left = _others()
+        clean = _wipe("/tmp", slot) and _wipe("/dev/shm", slot)
+        _write({"status": status, "leftovers": len(left), "clean": clean and not left})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

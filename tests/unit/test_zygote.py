@@ -1,0 +1,130 @@
+"""Build children forked from a warm, sandboxed zygote (farm.build.zygote):
+what one child leaves behind never reaches the next, and a zygote that
+cannot vouch for that is replaced. Real bubblewrap sandboxes, real forks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from farm.build import zygote
+from farm.build.isolation import Isolation
+from farm.build.sandbox import isolation_unavailable, run_isolated
+
+pytestmark = pytest.mark.skipif(isolation_unavailable() is not None,
+                                reason="no bubblewrap sandbox on this machine")
+
+PROBE = '''
+import os, subprocess, time
+
+def plant(p):
+    with open("/tmp/planted", "w") as f:
+        f.write("from the last build")
+    try:
+        os.makedirs("/dev/shm/x", exist_ok=True)
+    except OSError:
+        pass  # bubblewrap's /dev/shm may not be writable at all
+    return os.getpid()
+
+def look(p):
+    parent = os.getppid()
+    def can(path):
+        try:
+            with open(path, "rb") as f:
+                f.read(16)
+            return True
+        except OSError:
+            return False
+    return {"planted": os.path.exists("/tmp/planted") or os.path.exists("/dev/shm/x"),
+            "parent_environ": can(f"/proc/{parent}/environ"),
+            "parent_mem": can(f"/proc/{parent}/mem"),
+            "uid": os.getuid(), "env": os.environ.get("ZYGOTE_TEST"),
+            "torch_loaded": "torch" in __import__("sys").modules}
+
+def daemon(p):
+    if os.fork() == 0:
+        os.setsid()
+        time.sleep(600)
+        os._exit(0)
+    return os.getpid()
+
+def hang(p):
+    time.sleep(600)
+'''
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> Iterator[Path]:
+    d = tmp_path / "code"
+    d.mkdir()
+    (d / "zprobe.py").write_text(PROBE)
+    d.chmod(0o755)
+    tmp_path.chmod(0o755)
+    zygote.ZYGOTES.stop_all()
+    yield d
+    zygote.ZYGOTES.stop_all()
+
+
+def run(probe: Path, fn: str, **kw: object) -> object:
+    res = run_isolated(f"zprobe:{fn}", {}, timeout_s=float(kw.pop("timeout_s", 120)),
+                       memory_mb=3000, import_paths=[probe], isolation=Isolation(),
+                       env_extra={"ZYGOTE_TEST": "1"})
+    return res
+
+
+def zygote_pid() -> int:
+    (z,) = zygote.ZYGOTES._by_key.values()
+    return z.host_pid
+
+
+def test_children_fork_from_one_zygote_and_see_nothing_of_each_other(probe: Path) -> None:
+    first = run(probe, "plant")
+    assert first.ok, (first.error, first.stderr_tail)
+    pid = zygote_pid()
+    seen = run(probe, "look")
+    assert seen.ok, (seen.error, seen.stderr_tail)
+    assert zygote_pid() == pid  # the same warm zygote served both
+    v = seen.value
+    assert v["torch_loaded"] and v["env"] == "1"
+    assert not v["planted"], v  # /tmp and /dev/shm emptied between children
+    # Not dumpable: the zygote's environment and memory are closed to its children.
+    assert not v["parent_environ"] and not v["parent_mem"], v
+    if os.geteuid() == 0:
+        assert v["uid"] == 65534
+
+
+def test_a_process_left_behind_retires_the_zygote(probe: Path) -> None:
+    res = run(probe, "daemon")
+    assert res.ok, (res.error, res.stderr_tail)
+    (z,) = zygote.ZYGOTES._by_key.values()
+    assert z.dirty
+    old = z.host_pid
+    seen = run(probe, "look")
+    assert seen.ok and zygote_pid() != old
+    # The daemon went with its sandbox.
+    assert not Path(f"/proc/{old}").exists()
+
+
+def test_a_time_out_kills_the_child_and_retires_the_zygote(probe: Path) -> None:
+    res = run(probe, "hang", timeout_s=5)
+    assert res.timed_out and not res.ok, res
+    (z,) = zygote.ZYGOTES._by_key.values()
+    assert z.dirty
+    assert run(probe, "look").ok
+
+
+def test_off_starts_every_child_fresh(probe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm.core.settings import get_settings
+
+    monkeypatch.setenv("FARM_BUILD_ZYGOTE", "off")
+    get_settings.cache_clear()
+    try:
+        res = run(probe, "look")
+        assert res.ok and not res.value["torch_loaded"]
+        assert zygote.ZYGOTES._by_key == {}
+    finally:
+        monkeypatch.delenv("FARM_BUILD_ZYGOTE")
+        get_settings.cache_clear()
