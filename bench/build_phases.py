@@ -8,7 +8,10 @@ A farm build is three fresh processes, each under ``farm.build.sandbox``
 and the verifier (``farm.build.verify.verify_artifact``). Beside them, in the
 same run and the same sandbox, children that do nothing, import ``torch``,
 and import ``torch``, ``torch._dynamo`` and ``torch._inductor.compile_fx``:
-what a warm, forked build child would no longer pay.
+what a warm, forked build child no longer pays. Each round runs them twice,
+side by side: as new interpreters (``FARM_BUILD_ZYGOTE=off``) and forked from
+the worker's warm zygote (``farm.build.zygote``, the default); the zygotes are
+started once before the first round, and that start is printed apart.
 
     .venv/bin/python bench/build_phases.py              # farm.zoo.basic:mlp, 3 rounds
     .venv/bin/python bench/build_phases.py --rounds 1
@@ -17,6 +20,7 @@ what a warm, forked build child would no longer pay.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -25,10 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from farm.build import zygote
 from farm.build.sandbox import build_isolation, run_isolated
 from farm.build.steps import compile_env
 from farm.build.toolchain import compiler_for
 from farm.build.verify import verify_artifact
+from farm.core.settings import get_settings
 from farm.core.specs import JobSpec
 
 IMPORTS = ("import time\n"
@@ -53,7 +59,13 @@ def timed(fn: Callable[..., T], *args: Any, **kw: Any) -> tuple[float, T]:
     return time.monotonic() - t0, out
 
 
-def one_round(job: JobSpec, code: Path) -> dict[str, float]:
+def zygotes(on: bool) -> None:
+    os.environ["FARM_BUILD_ZYGOTE"] = "on" if on else "off"
+    get_settings.cache_clear()
+
+
+def one_round(job: JobSpec, code: Path, *, warm: bool) -> dict[str, float]:
+    zygotes(warm)
     row: dict[str, float] = {}
     for name in ("nothing", "torch_only", "torch_compile_stack"):
         s, res = timed(run_isolated, f"farm_bench_imports:{name}", {}, timeout_s=LIMIT_S,
@@ -61,7 +73,7 @@ def one_round(job: JobSpec, code: Path) -> dict[str, float]:
                        isolation=build_isolation(what="bench"))
         assert res.ok, res.describe()
         row[name] = s
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=zygote.work_dir()) as tmp:
         d = Path(tmp)
         s, res = timed(run_isolated, "farm.build.steps:trace_step", {"spec": job.to_json()},
                        timeout_s=LIMIT_S, memory_mb=MEMORY_MB,
@@ -96,20 +108,27 @@ def main() -> None:
         code = Path(tmp)
         code.chmod(0o755)  # the sandbox's uid reads it (mounted read-only)
         (code / "farm_bench_imports.py").write_text(IMPORTS)
-        rows = [one_round(job, code) for _ in range(args.rounds)]
-    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    build = med["trace"] + med["compile"] + med["verify"]
+        # The zygotes' starts (one per import-time environment: trace and
+        # verify children share one, the compile child's CXX makes another).
+        start, _ = timed(one_round, job, code, warm=True)
+        rows = [(one_round(job, code, warm=False), one_round(job, code, warm=True))
+                for _ in range(args.rounds)]
+    zygote.ZYGOTES.stop_all()
+    fresh = {k: statistics.median(r[0][k] for r in rows) for k in rows[0][0]}
+    warm = {k: statistics.median(r[1][k] for r in rows) for k in rows[0][1]}
     print(f"{args.model} {' '.join(inputs)}, CPU, aot_compile; median of {args.rounds} rounds, "
           f"wall seconds (python {sys.version.split()[0]})")
-    print(f"{'child':<44} {'s':>6} {'of the build':>13}")
+    print(f"{'child':<44} {'fresh s':>8} {'zygote s':>9} {'ratio':>6}")
     for key, label in (("trace", "trace"), ("compile", "compile (aot_compile)"),
-                       ("verify", "verify")):
-        print(f"{label:<44} {med[key]:>6.1f} {med[key] / build:>13.2f}")
-    print(f"{'build (the three)':<44} {build:>6.1f} {1.0:>13.2f}")
-    for key, label in (("nothing", "a child that does nothing"),
+                       ("verify", "verify"),
+                       ("nothing", "a child that does nothing"),
                        ("torch_only", "a child that imports torch"),
                        ("torch_compile_stack", "... torch, _dynamo, _inductor.compile_fx")):
-        print(f"{label:<44} {med[key]:>6.1f} {med[key] / build:>13.2f}")
+        print(f"{label:<44} {fresh[key]:>8.1f} {warm[key]:>9.1f} {warm[key] / fresh[key]:>6.2f}")
+    fb = fresh["trace"] + fresh["compile"] + fresh["verify"]
+    wb = warm["trace"] + warm["compile"] + warm["verify"]
+    print(f"{'build (the three)':<44} {fb:>8.1f} {wb:>9.1f} {wb / fb:>6.2f}")
+    print(f"first round with zygotes, their starts included: {start:.1f} s")
 
 
 if __name__ == "__main__":

@@ -337,15 +337,28 @@ def _others() -> list[int]:
             if p.isdigit() and int(p) not in (1, me)]
 
 
-def _wipe(top: str, keep: str) -> bool:
-    """Empty ``top`` but for the directories that lead to ``keep`` (the slot's
-    mount point, when the slot lives under /tmp)."""
+def _mount_points() -> set[str]:
+    """Every mount point in this sandbox (bubblewrap puts a bind's missing
+    parent directories on the private /tmp: a checkout or a venv under /tmp)."""
+    points = set()
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4:
+                points.add(fields[4].replace("\\040", " "))
+    return points
+
+
+def _wipe(top: str, keep: set[str]) -> bool:
+    """Empty ``top`` but for mount points and the directories that lead to one."""
     ok = True
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(top):
             p = os.path.join(top, name)
-            if keep == p or keep.startswith(p + "/"):
-                if keep != p and not _wipe(p, keep):
+            if p in keep:
+                continue
+            if any(k.startswith(p + "/") for k in keep):
+                if not _wipe(p, keep):
                     ok = False
                 continue
             try:
@@ -445,7 +458,8 @@ def main() -> int:
         _write({"pid": pid})
         _, status = os.waitpid(pid, 0)
         left = _others()
-        clean = _wipe("/tmp", slot) and _wipe("/dev/shm", slot)
+        keep = _mount_points() | {slot}
+        clean = _wipe("/tmp", keep) and _wipe("/dev/shm", keep)
         _write({"status": status, "leftovers": len(left), "clean": clean and not left})
 
 

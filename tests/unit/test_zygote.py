@@ -87,6 +87,8 @@ def test_children_fork_from_one_zygote_and_see_nothing_of_each_other(probe: Path
     seen = run(probe, "look")
     assert seen.ok, (seen.error, seen.stderr_tail)
     assert zygote_pid() == pid  # the same warm zygote served both
+    (z,) = zygote.ZYGOTES._by_key.values()
+    assert not z.dirty  # and vouched for its sandbox after each child
     v = seen.value
     assert v["torch_loaded"] and v["env"] == "1"
     assert not v["planted"], v  # /tmp and /dev/shm emptied between children
@@ -128,3 +130,16 @@ def test_off_starts_every_child_fresh(probe: Path, monkeypatch: pytest.MonkeyPat
     finally:
         monkeypatch.delenv("FARM_BUILD_ZYGOTE")
         get_settings.cache_clear()
+
+
+def test_the_wipe_keeps_mount_points_and_their_parents(tmp_path: Path) -> None:
+    """bubblewrap makes a bind's missing parents on the private /tmp (a
+    checkout under /tmp): emptying /tmp must step around them."""
+    mount = tmp_path / "ci" / "checkout" / "farm"
+    mount.mkdir(parents=True)
+    (mount / "kept.py").write_text("")
+    (tmp_path / "ci" / "planted").write_text("x")
+    (tmp_path / "other" / "deep").mkdir(parents=True)
+    assert zygote._wipe(str(tmp_path), {str(mount)})
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "ci", "ci/checkout", "ci/checkout/farm", "ci/checkout/farm/kept.py"]
