@@ -94,6 +94,12 @@ def work_dir() -> str | None:
 
 
 def enabled() -> bool:
+    """``FARM_BUILD_ZYGOTE`` is on, and this is no GPU host: a zygote's imports
+    may start the CUDA driver, and torch then refuses CUDA in every fork (the
+    node agent's NVML answer to that, farm.node.agent.preload, is not checked
+    here on a GPU yet), so GPU hosts start their children fresh."""
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return False
     from farm.core.settings import get_settings
 
     return str(getattr(get_settings(), "farm_build_zygote", "on")).lower() not in (
