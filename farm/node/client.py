@@ -22,9 +22,9 @@ import httpx
 from farm.core.specs import CompileOptions, GradMode, JobSpec
 from farm.core.target import Target
 from farm.node.arguments import as_grad_mode, as_input_specs, as_target
-from farm.node.cache import ArtifactCache, CacheCorrupt, CacheError, validate_digest
+from farm.node.cache import CacheCorrupt, CacheError, validate_digest
 from farm.node.errors import FarmError, FarmUnavailable, IntegrityError, JobTimeout, NotFoundError
-from farm.node.http import DEFAULT_TIMEOUT_S, origin
+from farm.node.http import origin
 from farm.node.reports import Report, Reporter
 from farm.node.trust import NODE_REQUEST, FarmTrust
 
@@ -54,21 +54,15 @@ class FarmClient(FarmTrust):
         url: str | None = None,
         token: str | None = None,
         *,
-        root_key: Any = None,
-        public_key: Any = None,
-        cache: ArtifactCache | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        retries: int = 2,
         require_signature: bool = True,
-        allow_http: bool | None = None,
-        transport: httpx.BaseTransport | None = None,
         reports: bool | None = None,
+        **session: Any,
     ) -> None:
+        """``session``: ``FarmTrust``'s keywords (root_key, public_key, cache,
+        timeout, retries, allow_http, transport)."""
         from farm.core.settings import get_settings
 
-        super().__init__(url, token, root_key=root_key, public_key=public_key, cache=cache,
-                         timeout=timeout, retries=retries, allow_http=allow_http,
-                         transport=transport)
+        super().__init__(url, token, **session)
         settings = get_settings()
         self._reporter: Reporter | None = None
         self._reports_on = settings.farm_reports if reports is None else reports
