@@ -101,6 +101,14 @@ def allowed_env(env: Mapping[str, str], extra: Mapping[str, str] | None) -> dict
     return keep
 
 
+
+def sandbox_user(workdir: Path) -> dict[str, str]:
+    """Who an isolated process is: the sandbox user, its HOME under
+    ``workdir`` (made here), the sandbox's private /tmp."""
+    (workdir / "home").mkdir(exist_ok=True)
+    return {"HOME": str(workdir / "home"), "USER": "sandbox", "LOGNAME": "sandbox",
+            "TMPDIR": "/tmp"}
+
 _NO_CC_DIR: Path | None = None
 _NO_CC_LOCK = threading.Lock()
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import importlib
 import json
 import logging
@@ -58,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.build import zygote
-from farm.build.child_env import allowed_env, scrubbed_env
+from farm.build.child_env import allowed_env, sandbox_user, scrubbed_env
 from farm.build.isolation import (
     DEFAULT_SANDBOX_UID,
     NO_BWRAP,
@@ -72,6 +71,7 @@ from farm.build.isolation import (
 )
 from farm.build.watchdog import Watch
 from farm.build.watchdog import watch as watch_child
+from farm.core.digests import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +173,7 @@ def run_isolated(
             argv.append(str(os.getpid()))
         else:
             argv.append("isolated")
-            child_env.update(HOME=str(tmpdir / "home"), USER="sandbox", LOGNAME="sandbox",
-                             TMPDIR="/tmp")
-            (tmpdir / "home").mkdir()
+            child_env.update(sandbox_user(tmpdir))
             argv = bwrap_argv(argv, isolation=isolation, tmpdir=tmpdir,
                               readonly=(*paths, *isolation.readonly),
                               env=child_env, cwd=cwd, memory_mb=memory_mb)
@@ -219,7 +217,8 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
     try:
         io_dir, code = run / "io", run / "code"
         run.chmod(0o711)  # the child passes through; the names under it are its own
-        (io_dir / "home").mkdir(parents=True)
+        io_dir.mkdir()
+        user = sandbox_user(io_dir)  # before the chown below: its HOME is the child's
         code.mkdir(mode=0o755)
         # Code packs are copied in (the zygote sees only the slot), root's and
         # read-only to the child as where they came from.
@@ -234,8 +233,7 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
                 _chown_tree(Path(own), isolation.uid)
         before = {p: _digest(p) for p in isolation.readonly}
         env = {**child_env, "PYTHONPATH": os.pathsep.join([*copies, farm_root]),
-               "HOME": str(io_dir / "home"), "USER": "sandbox", "LOGNAME": "sandbox",
-               "TMPDIR": "/tmp"}
+               **user}
         work = str(Path(cwd).resolve()) if cwd else str(io_dir)
         t0 = time.monotonic()
         child = z.fork({"target": target, "tmpdir": str(io_dir), "argv0": __file__,
@@ -262,11 +260,7 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
 
 
 def _digest(path: str) -> str | None:
-    p = Path(path)
-    if not p.is_file():
-        return None
-    with open(p, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    return sha256_file(path) if Path(path).is_file() else None
 
 
 def _finish(tmpdir: Path, rc: int | None, watch: Watch, wall: float, *, timeout_s: float,

@@ -159,12 +159,11 @@ class Zygote:
     _buf: bytes = b""
 
     def start(self) -> None:
+        from farm.build.child_env import sandbox_user
         from farm.build.isolation import Isolation, bwrap_argv
 
         self.state = Path(tempfile.mkdtemp(prefix="zygote-", dir=self.slot))
-        (self.state / "home").mkdir()
-        env = {**self.env, "HOME": str(self.state / "home"), "USER": "sandbox",
-               "LOGNAME": "sandbox", "TMPDIR": "/tmp"}
+        env = {**self.env, **sandbox_user(self.state)}
         argv = bwrap_argv([sys.executable, "-m", "farm.build.zygote", str(self.slot)],
                           isolation=Isolation(writable=(str(self.slot),), uid=self.uid),
                           tmpdir=self.state, readonly=(), env=env, cwd=None,
@@ -401,16 +400,13 @@ def _child(req: dict[str, Any]) -> None:
         os.chdir(req["cwd"])
         sys.path[:0] = list(req["paths"])
         sys.argv = [req["argv0"], req["target"], req["tmpdir"], "isolated"]
-        import random
-
-        random.seed()
-        import torch
-
-        torch.default_generator.seed()
-        from farm.core.settings import get_settings
-
-        get_settings.cache_clear()
+        # As a fresh process has them: its own random seeds, the farm's
+        # settings read again from this child's environment.
         from farm.build.sandbox import child_main
+        from farm.node.agent_child import fresh_farm, reseed
+
+        reseed()
+        fresh_farm()
 
         code = child_main([req["target"], req["tmpdir"], "isolated"])
     except BaseException:

@@ -49,7 +49,7 @@ def _streams(unbuffered: bool) -> None:
         setattr(sys, f"__{name}__", getattr(sys, name))
 
 
-def _reseed() -> None:
+def reseed() -> None:
     # A forked child would draw the agent's numbers; a fresh process seeds
     # these from the OS. CUDA's generators are made at CUDA's init, in the child.
     import random
@@ -63,7 +63,7 @@ def _reseed() -> None:
         torch.default_generator.seed()
 
 
-def _fresh_farm() -> None:
+def fresh_farm() -> None:
     # The farm's process-wide caches, as a fresh process has them: empty (the
     # child's FARM_HOME, CLIENT_CACHE_DIR... are read again on first use).
     settings = sys.modules.get("farm.core.settings")
@@ -140,10 +140,10 @@ def child_main(cmd: Command, req: dict[str, Any], fds: list[int], close: list[in
         os.environ.update(env)
         _streams(cmd.unbuffered)
         sys.path[:] = _sys_path(cmd, env, req["cwd"], base_path)
-        _reseed()
+        reseed()
         _fresh_logging()
         _fresh_warnings()
-        _fresh_farm()
+        fresh_farm()
         if env.get("OMP_NUM_THREADS", "").isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
             import torch  # OpenMP read the variable when the agent loaded it
 
