@@ -370,7 +370,7 @@ def _shared_cache(target: Target, build_dir: Path, *, model: str) -> CacheSessio
     s = context.settings()
     try:
         store = open_store(mode=s.farm_compile_cache, redis_url=s.redis_url,
-                           farm_home=s.farm_home)
+                           farm_home=s.farm_home, url=s.farm_compile_cache_url)
         if store is None:
             return None
         salt = cache_salt(context.database(), str(target))

@@ -219,14 +219,23 @@ def _read_regular(path: Path, max_bytes: int) -> bytes | None:
         os.close(fd)
 
 
-def open_store(*, mode: str, redis_url: str, farm_home: Path) -> CacheStore | None:
+def open_store(*, mode: str, redis_url: str, farm_home: Path,
+               url: str = "") -> CacheStore | None:
     """The store ``FARM_COMPILE_CACHE`` names: ``on`` (Redis where the farm has
-    one, else a directory under ``FARM_HOME``), ``redis``, ``dir`` or ``off``."""
+    one, else a directory under ``FARM_HOME``), ``redis``, ``dir`` or ``off``.
+    ``url`` (``FARM_COMPILE_CACHE_URL``) puts it elsewhere: a ``redis://`` URL
+    or a directory."""
     mode = (mode or "on").lower()
     if mode == "off":
         return None
     if mode not in ("on", "redis", "dir"):
         raise ValueError(f"FARM_COMPILE_CACHE must be on, redis, dir or off; got {mode!r}")
+    is_redis = url.startswith(("redis://", "rediss://", "unix://"))
+    if url and mode != "on" and is_redis != (mode == "redis"):
+        raise ValueError(f"FARM_COMPILE_CACHE={mode} does not fit FARM_COMPILE_CACHE_URL={url!r}: "
+                         "a redis:// URL for redis, a directory for dir (or leave one unset)")
+    if url:
+        return RedisCacheStore(url) if is_redis else DirCacheStore(Path(url))
     if mode == "redis" or (mode == "on" and redis_url):
         if not redis_url:
             raise ValueError("FARM_COMPILE_CACHE=redis needs REDIS_URL")

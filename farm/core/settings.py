@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     # entries.
     farm_compile_cache: str = "on"
     farm_compile_cache_prefix: str = "farm:ccache"
+    # Where the store is, when not the farm's own: a redis:// URL (a Redis
+    # kept for kernels, apart from the broker's) or a directory several farms
+    # of one host share. Empty: REDIS_URL, else FARM_HOME/compile-cache.
+    farm_compile_cache_url: str = ""
     # "target": every build of a target shares; "model": only builds of the
     # same model name do (a farm whose submitters do not trust each other).
     farm_compile_cache_scope: str = "target"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from farm.build.compile_cache import CacheSession, DirCacheStore, namespace, valid_entry
 
 A = "cpu/python=3.11.7/torch=2.13.0+cpu/isa=avx2/threads=2"
@@ -52,3 +54,24 @@ def test_harvest_takes_new_plain_files_only(tmp_path: Path) -> None:
     # Entries never change once written: the first writer's bytes stay.
     assert not store.put(ns, "inductor/bb/new.so", b"other")
     assert dict(store.entries(ns))["inductor/bb/new.so"] == b"new"
+
+
+def test_the_store_goes_where_farm_compile_cache_url_says(tmp_path: Path) -> None:
+    from farm.build.compile_cache import RedisCacheStore, open_store
+
+    home = tmp_path / "home"
+    url = "redis://127.0.0.1:6379/0"
+    # Unset: the farm's own Redis, else a directory under FARM_HOME.
+    assert isinstance(open_store(mode="on", redis_url=url, farm_home=home), RedisCacheStore)
+    own = open_store(mode="on", redis_url="", farm_home=home)
+    assert isinstance(own, DirCacheStore) and own.root == home / "compile-cache"
+    # Set: a directory several farms share, or a Redis of its own.
+    shared = open_store(mode="on", redis_url=url, farm_home=home, url=str(tmp_path / "shared"))
+    assert isinstance(shared, DirCacheStore) and shared.root == tmp_path / "shared"
+    assert isinstance(open_store(mode="redis", redis_url="", farm_home=home,
+                                 url="redis://127.0.0.1:6379/3"), RedisCacheStore)
+    assert open_store(mode="off", redis_url=url, farm_home=home, url=str(tmp_path)) is None
+    with pytest.raises(ValueError, match="a redis:// URL for redis"):
+        open_store(mode="redis", redis_url=url, farm_home=home, url=str(tmp_path))
+    with pytest.raises(ValueError, match="does not fit"):
+        open_store(mode="dir", redis_url=url, farm_home=home, url=url)
