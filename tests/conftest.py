@@ -38,13 +38,6 @@ def pytest_configure(config: pytest.Config) -> None:
     d = tempfile.mkdtemp(prefix="farm-test-machine-")
     os.environ.setdefault("FARM_ISA_CACHE", os.path.join(d, "cpu-isa.json"))
     os.environ.setdefault("FARM_AOTI_CHECK_CACHE", os.path.join(d, "aoti-check.json"))
-    # One shared compile cache for every farm of the run (a directory store,
-    # farm.build.compile_cache): the farms' builds compile the same small
-    # models, and each farm's own empty cache made every one of them run g++
-    # again. Entries are keyed by torch and the target; a build still verifies
-    # in a fresh process with an empty cache. test_compile_cache tests the
-    # Redis store and a poisoned one with namespaces of its own.
-    os.environ.setdefault("FARM_COMPILE_CACHE_URL", os.path.join(d, "compile-cache"))
     # Time limits in tests scale with this (tests/slowdown.py).
     slowdown.factor()
     # xdist workers take consecutive Redis databases from one random base,
