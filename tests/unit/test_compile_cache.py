@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from farm.build.compile_cache import CacheSession, DirCacheStore, namespace, valid_entry
+from farm.build.compile_cache import (
+    CacheSession,
+    DirCacheStore,
+    RedisCacheStore,
+    namespace,
+    open_store,
+    valid_entry,
+)
 
 A = "cpu/python=3.11.7/torch=2.13.0+cpu/isa=avx2/threads=2"
 B = "cpu/python=3.11.7/torch=2.13.0+cpu/isa=avx2/threads=1"
@@ -57,8 +64,6 @@ def test_harvest_takes_new_plain_files_only(tmp_path: Path) -> None:
 
 
 def test_the_store_goes_where_farm_compile_cache_url_says(tmp_path: Path) -> None:
-    from farm.build.compile_cache import RedisCacheStore, open_store
-
     home = tmp_path / "home"
     url = "redis://127.0.0.1:6379/0"
     # Unset: the farm's own Redis, else a directory under FARM_HOME.
