@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.fixtures.s3",
     "tests.fixtures.farm",
     "tests.fixtures.faults",
+    "tests.fixtures.slot",
 ]
 
 # Modules that take minutes, longest first: xdist hands out work in collection

@@ -64,7 +64,7 @@ def store(redis_url: str) -> RedisCacheStore:
 
 
 def test_a_targets_entries_are_never_used_by_another(store: RedisCacheStore,
-                                                     tmp_path: Path) -> None:
+                                                     build_tmp: Path) -> None:
     here = detect_local_target("cpu")
     # Another target for the same machine's code: one more thread (a real
     # target string; the thread count is baked into CPU kernels).
@@ -74,7 +74,7 @@ def test_a_targets_entries_are_never_used_by_another(store: RedisCacheStore,
     ns_b = namespace(str(other), "0", prefix=prefix)
     assert ns_a != ns_b
 
-    cold, res = build(store, ns_a, tmp_path / "a1")
+    cold, res = build(store, ns_a, build_tmp / "a1")
     assert res.ok, res.error
     cold.harvest()
     a_names = store.names(ns_a)
@@ -82,7 +82,7 @@ def test_a_targets_entries_are_never_used_by_another(store: RedisCacheStore,
 
     # Target B starts from nothing though A's entries are in the same Redis:
     # it compiles every kernel itself, into its own namespace.
-    b, res = build(store, ns_b, tmp_path / "b1")
+    b, res = build(store, ns_b, build_tmp / "b1")
     assert res.ok, res.error
     assert b.stats["prefilled"] == 0
     b.harvest()
@@ -90,7 +90,7 @@ def test_a_targets_entries_are_never_used_by_another(store: RedisCacheStore,
     assert store.names(ns_a) == a_names  # B wrote nothing into A's namespace
 
     # A again: every kernel comes from A's cache; none is compiled anew.
-    warm, res = build(store, ns_a, tmp_path / "a2")
+    warm, res = build(store, ns_a, build_tmp / "a2")
     assert res.ok, res.error
     assert warm.stats["prefilled"] == len(a_names)
     warm.harvest()
@@ -98,12 +98,12 @@ def test_a_targets_entries_are_never_used_by_another(store: RedisCacheStore,
 
     # A new salt disowns A's entries.
     salted, _ = CacheSession(store, namespace(str(here), "1", prefix=prefix),
-                             tmp_path / "a3"), None
+                             build_tmp / "a3"), None
     assert salted.prefill() == 0
 
 
 def test_a_poisoned_entry_is_stopped_by_the_fresh_process_verification(
-        store: RedisCacheStore, tmp_path: Path) -> None:
+        store: RedisCacheStore, build_tmp: Path) -> None:
     """A plausible poisoned entry: the generated wrapper of the model's graph,
     under its own key, doubling every output. It loads, the build uses it and
     the artifact computes the wrong thing (the cache does reach the bytes);
@@ -111,7 +111,7 @@ def test_a_poisoned_entry_is_stopped_by_the_fresh_process_verification(
     the worker stores and serves nothing."""
     prefix = f"farm:ccache:test-{uuid.uuid4().hex[:8]}"
     clean = namespace("cpu/clean", "0", prefix=prefix)
-    cold, res = build(store, clean, tmp_path / "clean")
+    cold, res = build(store, clean, build_tmp / "clean")
     assert res.ok, res.error
     cold.harvest()
     entries = dict(store.entries(clean))
@@ -123,7 +123,7 @@ def test_a_poisoned_entry_is_stopped_by_the_fresh_process_verification(
             data += POISON
         store.put(poisoned, name, data)
 
-    cache, res = build(store, poisoned, tmp_path / "poisoned")
+    cache, res = build(store, poisoned, build_tmp / "poisoned")
     assert cache.stats["prefilled"] == len(entries)
     assert res.ok, res.error
     for art in res.value["artifacts"]:

@@ -1,19 +1,22 @@
 """Compile for this machine's CPU target and verify in fresh processes.
 
-Every compile runs in a sandboxed child (as a compile worker runs it), and
-every verification in another fresh child with an empty Inductor cache; the
-AOTI package's verifier also has no C++ compiler on PATH.
+Every compile runs in a sandboxed child as a compile worker runs it (its
+directory in the test process's zygote slot, tests/fixtures/slot.py, so the
+child forks from a warm sandboxed interpreter), and every verification in
+another sandboxed child with an empty Inductor cache; the AOTI package's
+verifier also has no C++ compiler on PATH.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from farm.build.sandbox import run_isolated
+from farm.build.sandbox import build_isolation, run_isolated
 from farm.build.steps import compile_env
 from farm.build.toolchain import compiler_for
 from farm.build.verify import VerifyReport, verify_artifact
@@ -44,8 +47,10 @@ def compile_in_child(spec: JobSpec, out_dir: Path, formats: list[str] | None = N
                                "cxx": compiler_for("cpu").cxx}
     if formats is not None:
         payload["formats"] = formats
+    out_dir.mkdir(parents=True, exist_ok=True)
     return run_isolated("farm.build.compile:compile_job", payload, timeout_s=TIMEOUT_S,
-                        memory_mb=MEMORY_MB, env_extra=compile_env(out_dir / "work"))
+                        memory_mb=MEMORY_MB, env_extra=compile_env(out_dir / "work"),
+                        isolation=build_isolation(writable=(out_dir,)))
 
 
 def artifacts(spec: JobSpec, out_dir: Path, formats: list[str] | None = None) -> dict[str, Any]:
@@ -56,7 +61,8 @@ def artifacts(spec: JobSpec, out_dir: Path, formats: list[str] | None = None) ->
 
 def verified(spec: JobSpec, art: dict[str, Any]) -> VerifyReport:
     report = verify_artifact(spec, art["path"], art["format"], device="cpu",
-                             timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB)
+                             timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB,
+                             isolation=build_isolation())
     assert report.ok, report.error
     return report
 
@@ -66,9 +72,9 @@ def sha256(path: str | Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def mlp_inference(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec, dict[str, Any]]:
+def mlp_inference(build_tmp_factory: Callable[[str], Path]) -> tuple[JobSpec, dict[str, Any]]:
     spec = job("farm.zoo.basic:mlp", ["float32[4,64]"])
-    return spec, artifacts(spec, tmp_path_factory.mktemp("mlp"))
+    return spec, artifacts(spec, build_tmp_factory("mlp"))
 
 
 def test_mlp_inference_builds_both_formats_and_matches_eager(
@@ -101,16 +107,16 @@ def test_mlp_inference_builds_both_formats_and_matches_eager(
 
 
 def test_aoti_package_is_reproducible(
-    mlp_inference: tuple[JobSpec, dict[str, Any]], tmp_path: Path
+    mlp_inference: tuple[JobSpec, dict[str, Any]], build_tmp: Path
 ) -> None:
     spec, arts = mlp_inference
-    again = artifacts(spec, tmp_path, ["aoti"])["aoti"]
+    again = artifacts(spec, build_tmp, ["aoti"])["aoti"]
     assert sha256(again["path"]) == sha256(arts["aoti"]["path"])
 
 
-def test_training_artifact_runs_backward_with_eagers_gradients(tmp_path: Path) -> None:
+def test_training_artifact_runs_backward_with_eagers_gradients(build_tmp: Path) -> None:
     spec = job("farm.zoo.basic:mlp", ["float32[4,64]"], grad_mode="training")
-    arts = artifacts(spec, tmp_path)
+    arts = artifacts(spec, build_tmp)
     assert set(arts) == {"aot_compile"}, "AOTI has no backward: training builds aot_compile only"
     assert arts["aot_compile"]["meta"]["global_state"]["grad_enabled"] is True
     report = verified(spec, arts["aot_compile"])
@@ -118,13 +124,13 @@ def test_training_artifact_runs_backward_with_eagers_gradients(tmp_path: Path) -
     assert report.grad_max_abs_err <= report.grad_tol
     assert not report.first_call_compiled  # the backward was compiled ahead too
 
-    res = compile_in_child(spec, tmp_path / "aoti", ["aoti"])
+    res = compile_in_child(spec, build_tmp / "aoti", ["aoti"])
     assert not res.ok and res.error_type == "farm.build.compile_common.CompileError"
 
 
-def test_dynamic_batch_artifact_serves_two_sizes(tmp_path: Path) -> None:
+def test_dynamic_batch_artifact_serves_two_sizes(build_tmp: Path) -> None:
     spec = job("farm.zoo.basic:mlp", ["float32[2..16,64]"])
-    arts = artifacts(spec, tmp_path)
+    arts = artifacts(spec, build_tmp)
     for fmt in ("aot_compile", "aoti"):
         report = verified(spec, arts[fmt])
         # Batch 2 (the example) and batch 5, with no recompile for the second.
@@ -132,9 +138,9 @@ def test_dynamic_batch_artifact_serves_two_sizes(tmp_path: Path) -> None:
         assert not report.first_call_compiled, (fmt, report.first_call_events)
 
 
-def test_decorated_forward_saves_with_the_guard_filter(tmp_path: Path) -> None:
+def test_decorated_forward_saves_with_the_guard_filter(build_tmp: Path) -> None:
     spec = job("farm.zoo.basic:decorated_mlp", ["float32[4,64]"])
-    art = artifacts(spec, tmp_path, ["aot_compile"])["aot_compile"]
+    art = artifacts(spec, build_tmp, ["aot_compile"])["aot_compile"]
     guards = art["meta"]["guards"]
     assert guards["policy"] == "drop-unserializable"
     assert "CLOSURE_MATCH" in {d["type"] for d in guards["dropped"]}
@@ -145,17 +151,17 @@ def test_decorated_forward_saves_with_the_guard_filter(tmp_path: Path) -> None:
     verified(spec, art)
 
     strict = job("farm.zoo.basic:decorated_mlp", ["float32[4,64]"], guard_filter="keep-all")
-    res = compile_in_child(strict, tmp_path / "strict", ["aot_compile"])
+    res = compile_in_child(strict, build_tmp / "strict", ["aot_compile"])
     assert not res.ok
     assert "cannot be serialized" in (res.error or ""), res.error
 
 
-def test_tensor_literal_gets_no_aoti_package_but_an_aot_compile_one(tmp_path: Path) -> None:
+def test_tensor_literal_gets_no_aoti_package_but_an_aot_compile_one(build_tmp: Path) -> None:
     spec = job("farm.zoo.basic:literal_mlp", ["float32[4,64]"])
-    arts = artifacts(spec, tmp_path)
+    arts = artifacts(spec, build_tmp)
     assert set(arts) == {"aot_compile"}
     assert "register_buffer" in arts["aot_compile"]["meta"]["aoti_skipped"]
-    res = compile_in_child(spec, tmp_path / "explicit", ["aoti"])
+    res = compile_in_child(spec, build_tmp / "explicit", ["aoti"])
     assert not res.ok and res.error_type == "farm.build.compile_common.AOTIUnsupported"
 
 
@@ -168,13 +174,14 @@ def test_verifier_rejects_an_artifact_for_another_model(
                                          "kwargs": {"hidden": 96}}})
     for fmt in ("aot_compile", "aoti"):
         report = verify_artifact(other, arts[fmt]["path"], fmt, device="cpu",
-                                 timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB)
+                                 timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB,
+                                 isolation=build_isolation())
         assert not report.ok, fmt
         assert report.error
 
 
 def test_autotune_bundle_loads_and_installs_its_configs(
-    mlp_inference: tuple[JobSpec, dict[str, Any]], tmp_path: Path
+    mlp_inference: tuple[JobSpec, dict[str, Any]], build_tmp: Path
 ) -> None:
     """The bundle a CUDA build ships (torch's bytes plus ``.best_config``
     files): the loader installs the configs into the node's Inductor cache,
@@ -185,10 +192,10 @@ def test_autotune_bundle_loads_and_installs_its_configs(
     from farm.node.bundle import is_bundle, read_bundle, write_bundle
 
     spec, arts = mlp_inference
-    path = tmp_path / "bundle.bin"
+    path = build_tmp / "bundle.bin"
     shutil.copy(arts["aot_compile"]["path"], path)
     _, shipped, meta = read_bundle(path)  # a CPU build's own bundle: its kernels
-    cache = tmp_path / "cache"
+    cache = build_tmp / "cache"
     (cache / "ab").mkdir(parents=True)
     (cache / "ab" / "cafe.best_config").write_text('{"XBLOCK": 128, "num_warps": 4}')
     for rel, data in shipped["kernels/"].items():
@@ -210,6 +217,6 @@ def test_autotune_bundle_loads_and_installs_its_configs(
     from farm.node.bundle import BundleError, install_into_cache
 
     with pytest.raises(BundleError):
-        install_into_cache("autotune/", {"../../evil.best_config": b"{}"}, root=tmp_path / "c")
+        install_into_cache("autotune/", {"../../evil.best_config": b"{}"}, root=build_tmp / "c")
     with pytest.raises(BundleError):
-        install_into_cache("kernels/", {"ab/evil.py": b""}, root=tmp_path / "c")
+        install_into_cache("kernels/", {"ab/evil.py": b""}, root=build_tmp / "c")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from farm.build.sandbox import run_isolated
+from farm.build.sandbox import build_isolation, run_isolated
 from farm.build.verify import verify_artifact
 from farm.core.specs import JobSpec
 
@@ -33,25 +33,31 @@ def compile_in_child(spec: JobSpec, out_dir: Path,
     payload: dict[str, Any] = {"spec": spec.to_json(), "device": "cpu", "out_dir": str(out_dir)}
     if formats is not None:
         payload["formats"] = formats
+    # Sandboxed as a worker's child (forked from the warm zygote: out_dir is
+    # in the slot) for the farm's own models; the test models are no code
+    # pack here, so their child is a plain one that imports from the checkout.
+    own = spec.model.entrypoint.startswith("farm.")
     res = run_isolated("farm.build.compile:compile_job", payload, timeout_s=TIMEOUT_S,
-                       memory_mb=MEMORY_MB)
+                       memory_mb=MEMORY_MB,
+                       isolation=build_isolation(writable=(out_dir,)) if own else None)
     assert res.ok, f"{res.describe()}\n{res.traceback}\n{res.stderr_tail[-3000:]}"
     return {a["format"]: a for a in res.value["artifacts"]}
 
 
-def test_max_autotune_aoti_package_loads_with_the_nodes_weights(tmp_path: Path) -> None:
+def test_max_autotune_aoti_package_loads_with_the_nodes_weights(build_tmp: Path) -> None:
     spec = JobSpec.from_json({
         "name": "mlp", "version": "1",
         "model": {"entrypoint": "farm.zoo.basic:mlp",
                   "kwargs": {"d_in": 32, "hidden": 64, "d_out": 32}},
         "inputs": ["float32[4,32]"], "options": {"mode": "max-autotune"}})
-    arts = compile_in_child(spec, tmp_path, formats=["aoti"])
+    arts = compile_in_child(spec, build_tmp, formats=["aoti"])
     meta = arts["aoti"]["meta"]
     assert meta["gemm_backends"] == "ATEN"
     # Every constant the package wants is one of the module's own tensors.
     assert meta["constants"] == 4
     report = verify_artifact(spec, arts["aoti"]["path"], "aoti", device="cpu",
-                             timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB)
+                             timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB,
+                             isolation=build_isolation())
     assert report.ok, report.error
     assert not report.compiles_on_node
     (out,) = report.outputs

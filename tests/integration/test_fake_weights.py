@@ -11,12 +11,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from farm.build.sandbox import run_isolated
+from farm.build.sandbox import build_isolation, run_isolated
 from farm.build.verify import verify_artifact
 from farm.core.specs import JobSpec
 from farm.node.weight_check import MANIFEST_KEY
@@ -38,13 +39,14 @@ def job(hidden: int = HIDDEN, *, weights: str = "fake") -> JobSpec:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("fake")
-    # As a compile worker's child builds it (default formats: the AOTI
-    # package is skipped for a fake build, and says why).
+def built(build_tmp_factory: Callable[[str], Path]) -> dict[str, Any]:
+    out = build_tmp_factory("fake")
+    # As a compile worker's child builds it, sandboxed (default formats: the
+    # AOTI package is skipped for a fake build, and says why).
     res = run_isolated("farm.build.compile:compile_job",
                        {"spec": job().to_json(), "device": "cpu", "out_dir": str(out / "out")},
-                       timeout_s=scaled(600), memory_mb=12000)
+                       timeout_s=scaled(600), memory_mb=12000,
+                       isolation=build_isolation(writable=(out,)))
     assert res.ok, f"{res.describe()}\n{res.traceback}\n{res.stderr_tail[-3000:]}"
     (art,) = res.value["artifacts"]
     return {**art, "dir": out}
@@ -71,7 +73,8 @@ def test_the_verifier_holds_the_real_weights_and_checks_the_manifest(
         built: dict[str, Any]) -> None:
     manifest = built["meta"][MANIFEST_KEY]
     report = verify_artifact(job(), built["path"], "aot_compile", device="cpu",
-                             timeout_s=scaled(900), weights_manifest=manifest)
+                             timeout_s=scaled(900), weights_manifest=manifest,
+                             isolation=build_isolation())
     assert report.ok, report.error
     assert report.model_init == "real"
     assert report.max_abs_err is not None and report.max_abs_err <= (report.tol or 0)
@@ -80,7 +83,8 @@ def test_the_verifier_holds_the_real_weights_and_checks_the_manifest(
     # A manifest the verifier's real module does not fit: refused by the check.
     wrong = [{**e, "shape": [128, 32]} if e["name"] == "fc1.weight" else e for e in manifest]
     bad = verify_artifact(job(), built["path"], "aot_compile", device="cpu",
-                          timeout_s=scaled(900), weights_manifest=wrong)
+                          timeout_s=scaled(900), weights_manifest=wrong,
+                          isolation=build_isolation())
     assert not bad.ok
     assert "fc1.weight: shape [64,32], artifact built for [128,32]" in (bad.error or "")
 
