@@ -22,15 +22,31 @@ def trace_step(payload: dict[str, Any]) -> dict[str, Any]:
 
 def compile_env(build_dir: str | Path) -> dict[str, str]:
     """Environment for a compile child: an Inductor and Triton cache of the
-    build's own, so what the build tunes is exactly what ships with it; and
-    the C++ compiler this worker chose (``farm.build.toolchain``), named
-    rather than left to the inherited ``CXX``."""
+    build's own, so what the build tunes is exactly what ships with it, and
+    ``toolchain_env()``."""
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(Path(build_dir) / "inductor-cache"),
+        "TRITON_CACHE_DIR": str(Path(build_dir) / "triton-cache"),
+        **toolchain_env(),
+    }
+
+
+def toolchain_env() -> dict[str, str]:
+    """What a compile worker's children read at import about the C++
+    toolchain: the compiler this worker chose (``farm.build.toolchain``),
+    named rather than left to the inherited ``CXX``; no precompiled headers;
+    Inductor's ISA checks skipped where they are redundant.
+
+    The compile child and the verification of an aot_compile artifact both
+    carry it, so both fork from one zygote (``farm.build.zygote`` keeps one
+    per import-time environment; with different ones every compile worker
+    started a second, 4 s of CPU and an interpreter's memory). The verifier
+    compiles nothing with it: loading must not compile at all, and it checks
+    that (``farm.build.compile_watch``)."""
     from farm.build.toolchain import current_compiler
     from farm.core.cpu_isa import isa_check_env
 
     env = {
-        "TORCHINDUCTOR_CACHE_DIR": str(Path(build_dir) / "inductor-cache"),
-        "TRITON_CACHE_DIR": str(Path(build_dir) / "triton-cache"),
         # No precompiled header for CPU kernels: torch keeps it under /tmp
         # (default_cache_dir, whatever TORCHINDUCTOR_CACHE_DIR says), a fresh
         # tmpfs in the sandbox, and builds it (150 MB, 30 s on 2 cores) before

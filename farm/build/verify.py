@@ -43,6 +43,7 @@ from farm.build.compare import GRAD_FACTOR, Tolerance, Worst, compare_tree, non_
 from farm.build.compile_watch import CompileWatch, autotuned_in, compiled_in
 from farm.build.isolation import Isolation
 from farm.build.sandbox import run_isolated
+from farm.build.steps import toolchain_env
 from farm.core.cpu_isa import isa_check_env
 from farm.core.inputs import Dim, TensorSpec, call_args
 from farm.core.specs import GradMode, JobSpec
@@ -131,6 +132,16 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3g}"
 
 
+def verifier_env(cache: str, *, cold_node: bool) -> dict[str, str]:
+    """What the verifier's child gets on top of its environment: an empty
+    cache of its own (nothing the build or the shared cache left), and
+    Inductor's ISA test compiles skipped where they are redundant. With a
+    compiler, the compile child's toolchain environment too, so the two fork
+    from one zygote (``farm.build.steps.toolchain_env``)."""
+    return {"TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": str(Path(cache) / "triton"),
+            **(isa_check_env() if cold_node else toolchain_env())}
+
+
 def verify_artifact(
     spec: JobSpec,
     artifact_path: str | Path,
@@ -164,10 +175,7 @@ def verify_artifact(
                              dir=zygote.work_dir() if isolation is not None else None)
     try:
         env = without_compilers() if cold_node else dict(os.environ)
-        # An empty cache of its own (nothing the build or the shared cache
-        # left); Inductor's ISA test compiles skipped where they are redundant.
-        extra = {"TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": str(Path(cache) / "triton"),
-                 **isa_check_env()}
+        extra = verifier_env(cache, cold_node=cold_node)
         payload = {
             "spec": spec.to_json(),
             "path": str(artifact_path),
