@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from farm.core.net import is_redis_url
+
 log = logging.getLogger(__name__)
 
 # The child's cache directories, as compile_env names them, and the prefix of
@@ -230,7 +232,7 @@ def open_store(*, mode: str, redis_url: str, farm_home: Path,
         return None
     if mode not in ("on", "redis", "dir"):
         raise ValueError(f"FARM_COMPILE_CACHE must be on, redis, dir or off; got {mode!r}")
-    is_redis = url.startswith(("redis://", "rediss://", "unix://"))
+    is_redis = is_redis_url(url)
     if url and mode != "on" and is_redis != (mode == "redis"):
         raise ValueError(f"FARM_COMPILE_CACHE={mode} does not fit FARM_COMPILE_CACHE_URL={url!r}: "
                          "a redis:// URL for redis, a directory for dir (or leave one unset)")

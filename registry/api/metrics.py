@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from farm.core.net import is_redis_url
 from registry import service
 from registry.dispatch import TRACE_QUEUE
 
@@ -104,7 +105,7 @@ class FarmCollector(Collector):
 
     def _queue_depth(self) -> Iterator[Any]:
         broker = self.state.settings.resolved_broker_url()
-        if not broker.startswith(("redis://", "rediss://", "unix://")):
+        if not is_redis_url(broker):
             return  # other brokers (the embedded SQLite one) have no cheap LLEN
         depth = GaugeMetricFamily("farm_queue_depth", "Messages waiting in each queue",
                                   labels=["queue"])
