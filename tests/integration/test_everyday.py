@@ -226,7 +226,14 @@ def test_ctrl_c_while_waiting_says_how_to_get_back(served: Served) -> None:
 
     job_id = _running_job(served.db)
     env = {**os.environ, "FARM_URL": served.url, "FARM_TOKEN": ADMIN}
-    p = subprocess.Popen([sys.executable, "-m", "farm.app.cli", "status", job_id, "--wait"],
+    # With SIGINT's disposition of a terminal's foreground process: a suite
+    # started in the background by a non-interactive shell (`.ci/run &`)
+    # ignores SIGINT, every process it starts inherits that, and Python then
+    # installs no KeyboardInterrupt handler (the CLI would rightly ignore
+    # the signal, as a background job should).
+    foreground = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                  "runpy.run_module('farm.app.cli', run_name='__main__', alter_sys=True)")
+    p = subprocess.Popen([sys.executable, "-c", foreground, "status", job_id, "--wait"],
                          env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     assert p.stderr is not None and p.stdout is not None
