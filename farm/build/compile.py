@@ -308,11 +308,15 @@ def _use_chosen_compiler(device: str, cxx: str | None = None) -> None:
 
 
 def compile_job(payload: dict[str, Any]) -> dict[str, Any]:
-    """Sandbox entry point: ``{"spec", "device", "out_dir", "formats"?, "cxx"?}`` -> artifacts."""
+    """Sandbox entry point: ``{"spec", "device", "out_dir", "formats"?,
+    "aoti_unavailable"?, "cxx"?}`` -> artifacts. ``aoti_unavailable`` and
+    ``cxx`` are the host's answers (``farm.build.aoti_check``), given by the
+    caller as a compile worker gives them; without them the child asks itself,
+    a tiny AOTI build and load that a sandbox cannot cache."""
     spec = JobSpec.from_json(payload["spec"])
     arts = compile_artifacts(
         spec, payload["device"], Path(payload["out_dir"]), formats=payload.get("formats"),
-        cxx=payload.get("cxx"),
+        aoti_unavailable=payload.get("aoti_unavailable", CHECK_AOTI), cxx=payload.get("cxx"),
     )
     return {"artifacts": [a.to_json() for a in arts]}
 

@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 
-from farm.build.sandbox import build_isolation, run_isolated
-from farm.build.steps import compile_env
-from farm.build.toolchain import compiler_for
+from farm.build.sandbox import build_isolation
 from farm.build.verify import VerifyReport, verify_artifact
 from farm.core.specs import JobSpec
+from tests.fixtures.builds import compile_in_child
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -40,21 +39,13 @@ def job(entrypoint: str, inputs: list[str], *, grad_mode: str = "inference",
     })
 
 
-def compile_in_child(spec: JobSpec, out_dir: Path, formats: list[str] | None = None) -> Any:
-    # The payload and environment a compile worker gives its child (workers.tasks):
-    # the compiler its cached check chose, which the child adopts.
-    payload: dict[str, Any] = {"spec": spec.to_json(), "device": "cpu", "out_dir": str(out_dir),
-                               "cxx": compiler_for("cpu").cxx}
-    if formats is not None:
-        payload["formats"] = formats
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return run_isolated("farm.build.compile:compile_job", payload, timeout_s=TIMEOUT_S,
-                        memory_mb=MEMORY_MB, env_extra=compile_env(out_dir / "work"),
-                        isolation=build_isolation(writable=(out_dir,)))
+def compile_child(spec: JobSpec, out_dir: Path, formats: list[str] | None = None) -> Any:
+    return compile_in_child(spec, out_dir, formats=formats, timeout_s=TIMEOUT_S,
+                            memory_mb=MEMORY_MB)
 
 
 def artifacts(spec: JobSpec, out_dir: Path, formats: list[str] | None = None) -> dict[str, Any]:
-    res = compile_in_child(spec, out_dir, formats)
+    res = compile_child(spec, out_dir, formats)
     assert res.ok, f"{res.describe()}\n{res.traceback}\n{res.stderr_tail[-3000:]}"
     return {a["format"]: a for a in res.value["artifacts"]}
 
@@ -124,7 +115,7 @@ def test_training_artifact_runs_backward_with_eagers_gradients(build_tmp: Path) 
     assert report.grad_max_abs_err <= report.grad_tol
     assert not report.first_call_compiled  # the backward was compiled ahead too
 
-    res = compile_in_child(spec, build_tmp / "aoti", ["aoti"])
+    res = compile_child(spec, build_tmp / "aoti", ["aoti"])
     assert not res.ok and res.error_type == "farm.build.compile_common.CompileError"
 
 
@@ -151,7 +142,7 @@ def test_decorated_forward_saves_with_the_guard_filter(build_tmp: Path) -> None:
     verified(spec, art)
 
     strict = job("farm.zoo.basic:decorated_mlp", ["float32[4,64]"], guard_filter="keep-all")
-    res = compile_in_child(strict, build_tmp / "strict", ["aot_compile"])
+    res = compile_child(strict, build_tmp / "strict", ["aot_compile"])
     assert not res.ok
     assert "cannot be serialized" in (res.error or ""), res.error
 
@@ -161,7 +152,7 @@ def test_tensor_literal_gets_no_aoti_package_but_an_aot_compile_one(build_tmp: P
     arts = artifacts(spec, build_tmp)
     assert set(arts) == {"aot_compile"}
     assert "register_buffer" in arts["aot_compile"]["meta"]["aoti_skipped"]
-    res = compile_in_child(spec, build_tmp / "explicit", ["aoti"])
+    res = compile_child(spec, build_tmp / "explicit", ["aoti"])
     assert not res.ok and res.error_type == "farm.build.compile_common.AOTIUnsupported"
 
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from farm.build.sandbox import build_isolation, run_isolated
+from farm.build.sandbox import build_isolation
 from farm.build.verify import verify_artifact
 from farm.core.specs import JobSpec
+from tests.fixtures import builds
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.xdist_group("compile_options")]
@@ -30,16 +31,12 @@ MEMORY_MB = 12000
 
 def compile_in_child(spec: JobSpec, out_dir: Path,
                      formats: list[str] | None = None) -> dict[str, Any]:
-    payload: dict[str, Any] = {"spec": spec.to_json(), "device": "cpu", "out_dir": str(out_dir)}
-    if formats is not None:
-        payload["formats"] = formats
     # Sandboxed as a worker's child (forked from the warm zygote: out_dir is
     # in the slot) for the farm's own models; the test models are no code
     # pack here, so their child is a plain one that imports from the checkout.
     own = spec.model.entrypoint.startswith("farm.")
-    res = run_isolated("farm.build.compile:compile_job", payload, timeout_s=TIMEOUT_S,
-                       memory_mb=MEMORY_MB,
-                       isolation=build_isolation(writable=(out_dir,)) if own else None)
+    res = builds.compile_in_child(spec, out_dir, formats=formats, timeout_s=TIMEOUT_S,
+                                  memory_mb=MEMORY_MB, isolated=own)
     assert res.ok, f"{res.describe()}\n{res.traceback}\n{res.stderr_tail[-3000:]}"
     return {a["format"]: a for a in res.value["artifacts"]}
 

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from farm.build.sandbox import build_isolation, run_isolated
+from farm.build.sandbox import build_isolation
 from farm.build.verify import verify_artifact
 from farm.core.specs import JobSpec
 from farm.node.weight_check import MANIFEST_KEY
+from tests.fixtures.builds import compile_in_child
 from tests.slowdown import scaled
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -43,10 +44,7 @@ def built(build_tmp_factory: Callable[[str], Path]) -> dict[str, Any]:
     out = build_tmp_factory("fake")
     # As a compile worker's child builds it, sandboxed (default formats: the
     # AOTI package is skipped for a fake build, and says why).
-    res = run_isolated("farm.build.compile:compile_job",
-                       {"spec": job().to_json(), "device": "cpu", "out_dir": str(out / "out")},
-                       timeout_s=scaled(600), memory_mb=12000,
-                       isolation=build_isolation(writable=(out,)))
+    res = compile_in_child(job(), out / "out", timeout_s=scaled(600), memory_mb=12000)
     assert res.ok, f"{res.describe()}\n{res.traceback}\n{res.stderr_tail[-3000:]}"
     (art,) = res.value["artifacts"]
     return {**art, "dir": out}
