@@ -269,6 +269,18 @@ class Zygote:
         return _Child(self, pid=kids[0])
 
 
+def zygote_key(env: Mapping[str, str], *, uid: int, memory_mb: float) -> str:
+    """Which zygote a child with ``env`` forks from: children with one key
+    share one. What the zygote's imports read from the environment
+    (``farm.core.import_env``, and ``_IMPORT_TIME_EXTRA``), its sandbox user
+    and its memory limit."""
+    from farm.core.import_env import import_time_env
+
+    return hashlib.sha256(json.dumps(
+        [sorted(import_time_env(env, extra=_IMPORT_TIME_EXTRA).items()), uid, memory_mb],
+    ).encode()).hexdigest()
+
+
 class Zygotes:
     """This worker process's zygotes, one per import-time environment."""
 
@@ -282,11 +294,7 @@ class Zygotes:
     def take(self, env: Mapping[str, str], *, uid: int, memory_mb: float) -> Zygote | None:
         """A started zygote for ``env``, locked for the caller; None when every
         one that fits is busy (the caller starts a fresh process)."""
-        from farm.core.import_env import import_time_env
-
-        key = hashlib.sha256(json.dumps(
-            [sorted(import_time_env(env, extra=_IMPORT_TIME_EXTRA).items()), uid, memory_mb],
-        ).encode()).hexdigest()
+        key = zygote_key(env, uid=uid, memory_mb=memory_mb)
         if not self.busy.acquire(blocking=False):
             return None
         with self._lock:

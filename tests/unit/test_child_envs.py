@@ -13,11 +13,11 @@ from farm.build import zygote
 from farm.build.child_env import without_compilers
 from farm.build.steps import compile_env
 from farm.build.verify import verifier_env
-from farm.core.import_env import import_time_env
 
 
-def _import_time(env: dict[str, str]) -> dict[str, str]:
-    return import_time_env(env, extra=zygote._IMPORT_TIME_EXTRA)
+def _import_time(env: dict[str, str]) -> str:
+    """The key ``zygote.Zygotes.take`` uses, for one sandbox user and limit."""
+    return zygote.zygote_key(env, uid=1000, memory_mb=6000.0)
 
 
 def test_compile_and_aot_compile_verification_fork_from_one_zygote(tmp_path: Path) -> None:
