@@ -20,7 +20,8 @@ bash scripts/bootstrap.sh
 bash scripts/services.sh
 # The suite starts some 300 Python processes; with PYTHONDONTWRITEBYTECODE
 # set (some shells and images set it) each compiled the farm's own modules
-# again (1.3 CPU-s of a worker's start on the CI machine), and every xdist
+# again (1.4 CPU-s in a process that imports the API, workers, builder and
+# node modules, on the CI machine), and every xdist
 # worker rewrote every test module's asserts anew. The project's bytecode
 # once, on every core, before they start:
 unset PYTHONDONTWRITEBYTECODE
