@@ -210,7 +210,8 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
     if not all(zygote.under(p, slot) for p in inside):
         return None
     zenv = {**child_env, "PYTHONPATH": farm_root}
-    z = zygote.ZYGOTES.take(zenv, uid=isolation.uid, memory_mb=memory_mb)
+    z = zygote.ZYGOTES.take(zenv, uid=isolation.uid, memory_mb=memory_mb,
+                            preload=zygote.preload_for(target))
     if z is None:
         return None
     run = Path(tempfile.mkdtemp(prefix="run-", dir=slot))

@@ -28,7 +28,8 @@ The zygote itself never runs model code and reads nothing but its requests
 from the worker's pipe. What a forked child shares with it: the imported
 modules and their import-time state. torch's configs read some environment
 variables when imported (``farm.core.import_env``), so the worker keeps one
-zygote per set of those values, and a child whose values have no zygote
+zygote per set of those values (and per set of preloaded modules: a trace
+worker's leaves Inductor out), and a child whose values have no zygote
 starts one. The child's environment, working directory, ``sys.path``,
 signal handlers and random seeds are set as a fresh process has them.
 
@@ -59,18 +60,32 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# What a zygote imports before it serves: what the trace, compile and verify
-# children import before running model code.
-PRELOAD = (
+# What a zygote imports before it serves: what its children import before
+# running model code. A trace child needs torch and Dynamo, a compile or
+# verify child Inductor too; a trace worker's zygote leaves Inductor out
+# (3.7 against 5.4 CPU-s of imports on 2 cores, for each zygote a trace
+# worker starts). The set is part of the zygote's key, so a build child never
+# forks from a zygote without Inductor.
+_TRACE_PRELOAD = (
     "torch",
     "torch._dynamo",
-    "torch._inductor.compile_fx",
     "farm.build.sandbox",
     "farm.build.steps",
     "farm.build.trace",
-    "farm.build.compile",
-    "farm.build.verify",
 )
+PRELOADS: dict[str, tuple[str, ...]] = {
+    "trace": _TRACE_PRELOAD,
+    "build": (*_TRACE_PRELOAD, "torch._inductor.compile_fx", "farm.build.compile",
+              "farm.build.verify"),
+}
+_TRACE_TARGET = "farm.build.steps:trace_step"
+
+
+def preload_for(target: str) -> str:
+    """The preload set (a key of ``PRELOADS``) a child running ``target`` needs."""
+    return "trace" if target == _TRACE_TARGET else "build"
+
+
 # The C++ compiler Inductor's config reads from CXX/CC when imported.
 # PATH too: a zygote's sandbox mounts what its PATH needs (a verify child's
 # compiler-free directory), and a child must find its own PATH's entries.
@@ -152,6 +167,7 @@ class Zygote:
     uid: int
     memory_mb: float
     slot: Path
+    preload: str = "build"
     proc: subprocess.Popen[bytes] | None = None
     host_pid: int = 0
     dirty: bool = False
@@ -164,7 +180,8 @@ class Zygote:
 
         self.state = Path(tempfile.mkdtemp(prefix="zygote-", dir=self.slot))
         env = {**self.env, **sandbox_user(self.state)}
-        argv = bwrap_argv([sys.executable, "-m", "farm.build.zygote", str(self.slot)],
+        argv = bwrap_argv([sys.executable, "-m", "farm.build.zygote", str(self.slot),
+                           self.preload],
                           isolation=Isolation(writable=(str(self.slot),), uid=self.uid),
                           tmpdir=self.state, readonly=(), env=env, cwd=None,
                           memory_mb=self.memory_mb)
@@ -269,15 +286,17 @@ class Zygote:
         return _Child(self, pid=kids[0])
 
 
-def zygote_key(env: Mapping[str, str], *, uid: int, memory_mb: float) -> str:
+def zygote_key(env: Mapping[str, str], *, uid: int, memory_mb: float,
+               preload: str = "build") -> str:
     """Which zygote a child with ``env`` forks from: children with one key
     share one. What the zygote's imports read from the environment
-    (``farm.core.import_env``, and ``_IMPORT_TIME_EXTRA``), its sandbox user
-    and its memory limit."""
+    (``farm.core.import_env``, and ``_IMPORT_TIME_EXTRA``), what it imports
+    (``PRELOADS``), its sandbox user and its memory limit."""
     from farm.core.import_env import import_time_env
 
     return hashlib.sha256(json.dumps(
-        [sorted(import_time_env(env, extra=_IMPORT_TIME_EXTRA).items()), uid, memory_mb],
+        [sorted(import_time_env(env, extra=_IMPORT_TIME_EXTRA).items()), uid, memory_mb,
+         preload],
     ).encode()).hexdigest()
 
 
@@ -291,10 +310,12 @@ class Zygotes:
         self.busy = threading.Lock()
         self._by_key: dict[str, Zygote] = {}
 
-    def take(self, env: Mapping[str, str], *, uid: int, memory_mb: float) -> Zygote | None:
-        """A started zygote for ``env``, locked for the caller; None when every
-        one that fits is busy (the caller starts a fresh process)."""
-        key = zygote_key(env, uid=uid, memory_mb=memory_mb)
+    def take(self, env: Mapping[str, str], *, uid: int, memory_mb: float,
+             preload: str = "build") -> Zygote | None:
+        """A started zygote for ``env`` that has imported ``PRELOADS[preload]``,
+        locked for the caller; None when every one that fits is busy (the
+        caller starts a fresh process)."""
+        key = zygote_key(env, uid=uid, memory_mb=memory_mb, preload=preload)
         if not self.busy.acquire(blocking=False):
             return None
         with self._lock:
@@ -306,7 +327,8 @@ class Zygotes:
                 while len(self._by_key) >= _MAX_ZYGOTES:
                     _, old = self._by_key.popitem()
                     old.stop()
-                z = Zygote(env=dict(env), uid=uid, memory_mb=memory_mb, slot=slot_root())
+                z = Zygote(env=dict(env), uid=uid, memory_mb=memory_mb, slot=slot_root(),
+                           preload=preload)
                 self._by_key[key] = z
         if z.proc is None:
             try:
@@ -435,11 +457,12 @@ def main() -> int:
 
     global _PROTO_FD
     slot = sys.argv[1]
+    preload = PRELOADS[sys.argv[2] if len(sys.argv) > 2 else "build"]
     _PROTO_FD = os.dup(1)
     os.dup2(2, 1)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE, 0
-    for name in PRELOAD:
+    for name in preload:
         importlib.import_module(name)
     # One Python thread: a fork copies only the calling one. (numpy's OpenBLAS
     # starts a native pool when torch imports numpy; its own pthread_atfork

@@ -2,7 +2,8 @@
 compile child and the verification of its aot_compile artifact carry the
 same import-time environment (farm.build.steps.toolchain_env), and only the
 cold-node verification of an AOTI package, which must see no compiler,
-differs."""
+differs. A trace child forks from a zygote of its own that has not
+imported Inductor."""
 
 from __future__ import annotations
 
@@ -33,3 +34,15 @@ def test_a_cold_node_verification_sees_no_compiler_and_gets_its_own(tmp_path: Pa
     assert "CXX" not in cold
     compiling = {**os.environ, **compile_env(tmp_path / "build")}
     assert _import_time(cold) != _import_time(compiling)
+
+
+def test_a_trace_child_gets_a_zygote_without_inductor_and_a_build_child_never_does() -> None:
+    trace, build = (zygote.preload_for(t) for t in ("farm.build.steps:trace_step",
+                                                    "farm.build.steps:compile_step"))
+    assert zygote.preload_for("farm.build.verify:verify_step") == build
+    assert "torch._inductor.compile_fx" in zygote.PRELOADS[build]
+    assert "torch._inductor.compile_fx" not in zygote.PRELOADS[trace]
+    assert set(zygote.PRELOADS[trace]) < set(zygote.PRELOADS[build])
+    env = dict(os.environ)
+    assert (zygote.zygote_key(env, uid=1000, memory_mb=6000.0, preload=trace)
+            != zygote.zygote_key(env, uid=1000, memory_mb=6000.0, preload=build))
