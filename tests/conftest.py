@@ -27,6 +27,33 @@ LONG_FIRST = (
 )
 
 
+# Modules that share a session-scoped farm of their own, under one name: the
+# scheduler below sends each group to one xdist worker as one unit, in
+# collection order, so the farm starts once (tests/fixtures/faults.py,
+# ``aoti_farm``). test_attestation revokes the farm's builder key in its
+# last test, so it sorts after test_pipeline (LONG_FIRST).
+SHARED_FARMS = {
+    "tests/integration/test_pipeline.py": "aoti_farm",
+    "tests/integration/test_attestation.py": "aoti_farm",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """--dist loadfile, with the files of one ``SHARED_FARMS`` group as one
+    unit (xdist's own loadgroup needs a nodeid suffix pytest 9 ignores)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFarmScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return SHARED_FARMS.get(path, path)
+
+    return SharedFarmScheduling(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Runs in the controller first, and xdist's workers inherit its
     # environment: what is set here is shared by the whole run.

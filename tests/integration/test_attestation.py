@@ -1,7 +1,8 @@
-"""Attestation against the real services: a farm of its own (PostgreSQL, Redis,
-moto S3 over HTTP, the API and Celery workers in their own processes), whose
-compile worker signs what it builds, whose API binds names as it accepts
-them, and nodes that check all of it against their own request.
+"""Attestation against the real services: a farm (PostgreSQL, Redis, moto S3
+over HTTP, the API and Celery workers in their own processes; the one
+test_pipeline uses, which runs first), whose compile worker signs what it
+builds, whose API binds names as it accepts them, and nodes that check all
+of it against their own request.
 
 Each attack is refused and nothing is loaded: a forged artifact row written
 straight into PostgreSQL with a blob the attacker uploaded; another model's
@@ -33,7 +34,7 @@ from sqlalchemy import select
 
 from registry import models as m
 from tests.fixtures.farm import ADMIN_TOKEN, ROOT
-from tests.fixtures.faults import FaultFarm, MakeFarm, farm_spec
+from tests.fixtures.faults import FaultFarm, farm_spec
 from tests.fixtures.keys import keypair
 
 pytestmark = pytest.mark.integration
@@ -47,8 +48,11 @@ def spec(name: str, version: str, hidden: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def farm(make_farm: MakeFarm) -> Iterator[FaultFarm]:
-    f = make_farm("attest", env={"FARM_AOTI": "1"})  # its nodes fetch AOTI packages too
+def farm(aoti_farm: FaultFarm) -> Iterator[FaultFarm]:
+    # Both formats: its nodes fetch AOTI packages too. The farm is shared with
+    # test_pipeline (tests/fixtures/faults.py); the last test here revokes its
+    # builder key, so nothing may build on it after this module.
+    f = aoti_farm
     for s in (spec("victim", "1", 16), spec("victim", "2", 24), spec("other", "1", 16)):
         job = f.wait_job(f.submit(s), timeout=900)
         assert job["state"] == "succeeded", json.dumps(job)[:3000]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from sqlalchemy import func, select
 from registry.db import Database
 from tests.fixtures.client_install import SERVER_SIDE, client_only_site
 from tests.fixtures.farm import ROOT, Farm
-from tests.fixtures.faults import FaultFarm, MakeFarm
+from tests.fixtures.faults import FaultFarm
 from tests.slowdown import scaled
 
 # One xdist worker runs a file (--dist loadfile): these tests share one farm
@@ -30,14 +29,9 @@ NODE = Path(__file__).with_name("node_check.py")
 
 
 @pytest.fixture(scope="module")
-def farm(make_farm: MakeFarm) -> Iterator[FaultFarm]:
-    """A farm as deployed by default, both formats (FARM_AOTI=1): the session
-    farm builds aot_compile artifacts only (tests/fixtures/farm.py)."""
-    f = make_farm("pipeline", env={"FARM_AOTI": "1"})
-    try:
-        yield f
-    finally:
-        f.close()
+def farm(aoti_farm: FaultFarm) -> FaultFarm:
+    """A farm as deployed by default, both formats (tests/fixtures/faults.py)."""
+    return aoti_farm
 
 
 def job_spec(
