@@ -15,6 +15,7 @@ pytest_plugins = [
     "tests.fixtures.farm",
     "tests.fixtures.faults",
     "tests.fixtures.slot",
+    "tests.fixtures.node",
 ]
 
 # Modules that take minutes, longest first: xdist hands out work in collection

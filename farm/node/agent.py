@@ -190,6 +190,10 @@ def parse_command(argv: list[str], env: dict[str, str], cwd: str) -> Command:
             return Command(None, rest[0], rest[1:], unbuffered)
         elif opt.startswith("-m") and len(opt) > 2:
             return Command(None, opt[2:], rest, unbuffered)
+        elif opt == "-c" and rest:
+            return Command(None, None, rest[1:], unbuffered, code=rest[0])
+        elif opt.startswith("-c") and len(opt) > 2:
+            return Command(None, None, rest, unbuffered, code=opt[2:])
         else:
             raise Refused(f"python option {opt} is not supported under the agent")
     if not rest or rest[0] == "-":
@@ -301,6 +305,9 @@ class Agent:
             conn.settimeout(10)  # a slow client holds the agent only this long
             self._handle(conn)
         except Refused as exc:
+            # In the agent's log too: the client runs the command itself,
+            # slower, and an operator looking at a slow node looks here.
+            log(f"refused a request: {exc}")
             self._answer_and_close(conn, {"refused": str(exc)})
         except (OSError, ValueError) as exc:
             log(f"a request failed: {exc}")

@@ -24,10 +24,11 @@ FRESH_WARNING_FILTERS: list[Any] = []
 
 @dataclass(frozen=True)
 class Command:
-    script: str | None  # the path as given, or None for -m
+    script: str | None  # the path as given, or None for -m and -c
     module: str | None
     args: list[str]
     unbuffered: bool
+    code: str | None = None  # -c's program
 
 
 def _streams(unbuffered: bool) -> None:
@@ -104,8 +105,12 @@ def _signals() -> None:
 
 
 def _sys_path(cmd: Command, env: dict[str, str], cwd: str, base_path: list[str]) -> list[str]:
-    first = (os.path.dirname(os.path.realpath(os.path.join(cwd, cmd.script)))
-             if cmd.script is not None else cwd)
+    # As the interpreter puts it first: the script's directory, the working
+    # directory for -m, and "" (the working directory, as looked up) for -c.
+    if cmd.script is not None:
+        first = os.path.dirname(os.path.realpath(os.path.join(cwd, cmd.script)))
+    else:
+        first = "" if cmd.code is not None else cwd
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     return [first, *[os.path.join(cwd, p) for p in extra], *base_path]
 
@@ -154,6 +159,9 @@ def child_main(cmd: Command, req: dict[str, Any], fds: list[int], close: list[in
                 import runpy
 
                 runpy._run_module_as_main(cmd.module, alter_argv=True)  # type: ignore[attr-defined]
+            elif cmd.code is not None:
+                sys.argv = ["-c", *cmd.args]
+                _run_code(cmd.code)
             else:
                 assert cmd.script is not None
                 sys.argv = [cmd.script, *cmd.args]
@@ -200,6 +208,15 @@ def _run_script(script: str) -> None:
                           "__spec__": None, "__loader__": None, "__package__": None})
     sys.modules["__main__"] = main
     exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
+
+
+def _run_code(code: str) -> None:
+    # As `python -c CODE`: a __main__ without __file__, code named "<string>".
+    main = types.ModuleType("__main__")
+    main.__dict__.update({"__builtins__": __builtins__, "__spec__": None, "__loader__": None,
+                          "__package__": None})
+    sys.modules["__main__"] = main
+    exec(compile(code, "<string>", "exec", dont_inherit=True), main.__dict__)
 
 
 def _print_exception(script: str | None) -> None:

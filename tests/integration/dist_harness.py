@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.core.net import free_port
+from tests.fixtures.node import node_python
 from tests.slowdown import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +57,7 @@ def run_ranks(script: str | Path, args: Sequence[str] = (), *, world_size: int =
     ``timeout`` is scaled by the machine's measured slowdown."""
     port = free_port()
     procs = [
-        subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT,
+        subprocess.Popen([*node_python(), str(script), *args], cwd=ROOT,
                          env=rank_env(rank, world_size, port, env),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for rank in range(world_size)
@@ -103,7 +104,6 @@ def finish_rank(result: dict[str, object]) -> None:
     (a CI run saw rank 1 abort in it, 'terminate called without an active
     exception', before it printed): what the test compares is already out."""
     import json
-    import sys
 
     import torch.distributed as dist
 

@@ -36,6 +36,7 @@ from registry import models as m
 from tests.fixtures.farm import ADMIN_TOKEN, ROOT
 from tests.fixtures.faults import FaultFarm, farm_spec
 from tests.fixtures.keys import keypair
+from tests.fixtures.node import node_python
 
 pytestmark = pytest.mark.integration
 
@@ -320,7 +321,7 @@ def test_an_attested_file_copied_to_another_node_loads_after_farm_verify(
     ok = farm_cli(farm, "verify", str(other / "model.pt2"), "--json", env=offline)
     verdict = json.loads(ok.stdout)
     assert verdict["ok"] and verdict["model"] == "victim" and verdict["version"] == "1"
-    load = subprocess.run([sys.executable, "-c", LOAD_AND_COMPARE, str(other / "model.pt2")],
+    load = subprocess.run([*node_python(), "-c", LOAD_AND_COMPARE, str(other / "model.pt2")],
                           env={**farm.env, **offline}, cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert load.returncode == 0, load.stdout + load.stderr

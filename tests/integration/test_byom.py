@@ -34,6 +34,7 @@ from sqlalchemy import MetaData, create_engine, select
 
 from tests.fixtures.farm import ADMIN_TOKEN, ROOT, models_pack
 from tests.fixtures.faults import FaultFarm, MakeFarm
+from tests.fixtures.node import node_python
 from tests.slowdown import scaled
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("byom")]
@@ -139,7 +140,7 @@ def node(f: FaultFarm, code_dir: Path, *args: str) -> dict[str, Any]:
     env = {k: v for k, v in f.env.items() if k not in ("DATABASE_URL", "REDIS_URL",
                                                         "BLOB_STORE_URL")}
     env["PYTHONPATH"] = str(code_dir)
-    out = subprocess.run([sys.executable, str(NODE), *args], env=env, cwd=code_dir,
+    out = subprocess.run([*node_python(), str(NODE), *args], env=env, cwd=code_dir,
                          capture_output=True, text=True, timeout=scaled(300))
     assert out.returncode == 0, out.stdout + out.stderr[-6000:]
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -225,7 +226,7 @@ x = torch.randn(3, 20)
 print(json.dumps({"source": fn.source, "reason": fn.reason}))
 """
     env = {**byom.env, "PYTHONPATH": str(src)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=src, capture_output=True,
+    out = subprocess.run([*node_python(), "-c", code], env=env, cwd=src, capture_output=True,
                          text=True, timeout=scaled(300))
     assert out.returncode == 0, out.stderr[-4000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])

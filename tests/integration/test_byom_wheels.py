@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.farm import Farm
+from tests.fixtures.node import node_python
 from tests.fixtures.wheels import build_wheel
 from tests.slowdown import scaled
 
@@ -87,7 +88,7 @@ def test_a_wheel_ships_with_the_job_builds_and_loads_on_a_node(farm: Farm,
                    check=True, capture_output=True, timeout=scaled(300))
     env = {k: v for k, v in farm.env.items() if k not in SERVER_ONLY}
     env["PYTHONPATH"] = str(node_site)
-    res = subprocess.run([sys.executable, str(NODE), "--model", f"wheelnet-{tag}", "--ref", "1",
+    res = subprocess.run([*node_python(), str(NODE), "--model", f"wheelnet-{tag}", "--ref", "1",
                           "--entrypoint", "wheelnets.model:make", "--input", "float32[4,16]"],
                          env=env, cwd=user, capture_output=True, text=True,
                          timeout=scaled(300))

@@ -18,6 +18,7 @@ import pytest
 
 from tests.fixtures.farm import Farm
 from tests.fixtures.faults import TcpProxy
+from tests.fixtures.node import node_python
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +48,7 @@ print(json.dumps({{"source": fast.source, "reason": fast.reason,
 
 
 def _node(env: dict[str, str], extra: str = "") -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-c", SNIPPET.format(extra=extra)], env=env, cwd=ROOT,
+    r = subprocess.run([*node_python(), "-c", SNIPPET.format(extra=extra)], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     return dict(json.loads(r.stdout.strip().splitlines()[-1]), log=r.stderr)
@@ -122,7 +123,7 @@ except NotFoundError as exc:
 else:
     raise SystemExit("no error")
 """
-    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
+    r = subprocess.run([*node_python(), "-c", script], env=env, cwd=ROOT, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     text = r.stdout

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from farm.build.verify import verify_artifact
 from farm.core.specs import JobSpec
 from farm.node.weight_check import MANIFEST_KEY
 from tests.fixtures.builds import compile_in_child
+from tests.fixtures.node import node_python
 from tests.slowdown import scaled
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -93,7 +93,7 @@ def test_a_fresh_node_loads_it_with_real_weights_and_refuses_a_wrong_shape(
     meta_path.write_text(json.dumps(built["meta"]))
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("fake_weights_node.py")), built["path"],
+        [*node_python(), str(Path(__file__).with_name("fake_weights_node.py")), built["path"],
          str(meta_path), str(HIDDEN), "128"],
         capture_output=True, text=True, timeout=scaled(900), cwd=repo,
         env={**os.environ, "PYTHONPATH": str(repo)})

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.farm import Farm
+from tests.fixtures.node import node_python
 from tests.slowdown import scaled
 
 pytestmark = pytest.mark.integration
@@ -43,7 +44,7 @@ print(json.dumps({{"source": fast.source, "reason": fast.reason,
 
 
 def _node(env: dict[str, str], hidden: int) -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-c", NODE.format(hidden=hidden)], env=env, cwd=ROOT,
+    r = subprocess.run([*node_python(), "-c", NODE.format(hidden=hidden)], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=scaled(600))
     assert r.returncode == 0, r.stderr[-4000:]
     return dict(json.loads(r.stdout.strip().splitlines()[-1]), log=r.stderr)

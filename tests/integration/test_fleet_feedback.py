@@ -27,6 +27,7 @@ from sqlalchemy import select
 from registry import models as m
 from registry import service
 from tests.fixtures.farm import Farm
+from tests.fixtures.node import node_python
 from tests.integration.test_api import CPU, CPU_512, Api, _api, make_artifact
 from tests.slowdown import scaled
 
@@ -272,7 +273,7 @@ def _cli(env: dict[str, str], *argv: str, ok: bool = True) -> subprocess.Complet
 
 
 def _start_node(env: dict[str, str], shape: str = NEW_SHAPE) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", NODE.format(shape=shape)], env=env,
+    return subprocess.Popen([*node_python(), "-c", NODE.format(shape=shape)], env=env,
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -110,6 +110,13 @@ def test_module_mode_and_an_uncaught_exception(agent: dict[str, Any], tmp_path: 
     (tmp_path / "mod_here.py").write_text("import sys\nprint('mod', sys.argv[1:])\n")
     r = farm_run(agent["sock"], PY, "-m", "mod_here", "z", cwd=tmp_path)
     assert (r.returncode, r.stdout.strip()) == (0, "mod ['z']"), r.stderr
+    # -c: argv[0] "-c", the working directory first on the path as "".
+    r = farm_run(agent["sock"], PY, "-c", "import sys, mod_here; print(sys.argv, sys.path[0])",
+                 "q", cwd=tmp_path)
+    assert r.returncode == 0 and FELL_BACK not in r.stderr, r.stderr
+    assert r.stdout.splitlines() == ["mod ['q']", "['-c', 'q'] "], r.stdout
+    r = farm_run(agent["sock"], PY, "-c", "raise ValueError('boom')")
+    assert r.returncode == 1 and 'File "<string>", line 1' in r.stderr, r.stderr
     s = script(tmp_path, "raise ValueError('boom')\n")
     r = farm_run(agent["sock"], PY, str(s))
     assert r.returncode == 1 and "ValueError: boom" in r.stderr and FELL_BACK not in r.stderr

@@ -18,6 +18,7 @@ from registry.db import Database
 from tests.fixtures.client_install import SERVER_SIDE, client_only_site
 from tests.fixtures.farm import ROOT, Farm
 from tests.fixtures.faults import FaultFarm
+from tests.fixtures.node import node_python
 from tests.slowdown import scaled
 
 # One xdist worker runs a file (--dist loadfile): these tests share one farm
@@ -54,9 +55,10 @@ def job_spec(
 
 
 def run_node(farm: Farm, *args: str) -> dict[str, Any]:
-    """A fleet node in a fresh process: resolve, fetch, verify, load, compare."""
+    """A fleet node in a process of its own (forked from the node agent,
+    tests/fixtures/node.py): resolve, fetch, verify, load, compare."""
     out = subprocess.run(
-        [sys.executable, str(NODE), *args],
+        [*node_python(), str(NODE), *args],
         env=farm.env,
         cwd=ROOT,
         capture_output=True,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import pytest
 from farm.app.console import _job_lines
 from farm.core.target import detect_local_target
 from tests.fixtures.farm import ROOT, Farm
+from tests.fixtures.node import node_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("programs")]
 
@@ -47,7 +47,7 @@ def function_job(name: str, entrypoint: str, **options: Any) -> dict[str, Any]:
 
 
 def node(farm: Farm, model: str, entrypoint: str, *extra: str) -> dict[str, Any]:
-    args = [sys.executable, str(NODE), "--model", model, "--entrypoint", entrypoint]
+    args = [*node_python(), str(NODE), "--model", model, "--entrypoint", entrypoint]
     for spec in INPUTS:
         args += ["--input", spec]
     # The node imports the program from the checkout, as a user's node has
@@ -201,7 +201,7 @@ def test_a_function_with_a_captured_module_declares_it_as_external_data(farm: Fa
     assert art["meta"]["external_data"] == ["captured"]
     assert "external_data" in job["builds"][0]["formats_skipped"]["aoti"]
     # A fresh node supplies its own module (the same seeded weights) at load.
-    args = [sys.executable, str(NODE), "--model", "prog-captured", "--entrypoint", entry,
+    args = [*node_python(), str(NODE), "--model", "prog-captured", "--entrypoint", entry,
             "--input", "float32[4,8]", "--external-data", "captured"]
     out = subprocess.run(args, env={**farm.env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
                          capture_output=True, text=True, timeout=300)

@@ -19,6 +19,7 @@ import pytest
 
 from farm.core.target import detect_local_target
 from tests.fixtures.farm import ROOT, Farm
+from tests.fixtures.node import node_python
 from tests.slowdown import scaled
 
 # Found, not imported: importing transformers takes 9 CPU-s on the CI machine
@@ -42,7 +43,7 @@ def job(name: str, entry: str, inputs: list[str]) -> dict[str, Any]:
 
 
 def node(farm: Farm, model: str, entry: str, inputs: list[str], *extra: str) -> dict[str, Any]:
-    args = [sys.executable, str(NODE), "--model", model,
+    args = [*node_python(), str(NODE), "--model", model,
             "--entrypoint", f"tests.models.structured:{entry}"]
     for spec in inputs:
         args += ["--input", spec]

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fixtures.farm import ROOT, Farm
+from tests.fixtures.node import node_python
 from tests.integration.dist_harness import run_ranks
 from tests.slowdown import scaled
 
@@ -96,7 +96,7 @@ def test_training_step_through_the_farm_alone_and_under_ddp(farm: Farm) -> None:
 
     # One node, a fresh process.
     env = {**farm.env, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(NODE), *node_args("train-sgd")], env=env,
+    out = subprocess.run([*node_python(), str(NODE), *node_args("train-sgd")], env=env,
                          cwd=ROOT, capture_output=True, text=True, timeout=scaled(300))
     assert out.returncode == 0, out.stdout + out.stderr
     single = json.loads(out.stdout.strip().splitlines()[-1])
@@ -148,7 +148,7 @@ def test_training_step_with_inductor(farm: Farm) -> None:
     assert {"step2 optimizer model.fc1.weight.exp_avg",
             "step2 optimizer model.fc1.weight.exp_avg_sq",
             "step2 optimizer model.fc1.weight.step"} <= names
-    out = subprocess.run([sys.executable, str(NODE), *node_args("train-adamw")],
+    out = subprocess.run([*node_python(), str(NODE), *node_args("train-adamw")],
                          env={**farm.env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
                          capture_output=True, text=True, timeout=scaled(600))
     assert out.returncode == 0, out.stdout + out.stderr
