@@ -28,14 +28,23 @@ LONG_FIRST = (
 )
 
 
-# Modules that share a session-scoped farm of their own, under one name: the
+# Modules that share a session-scoped farm, under its fixture's name: the
 # scheduler below sends each group to one xdist worker as one unit, in
-# collection order, so the farm starts once (tests/fixtures/faults.py,
-# ``aoti_farm``). test_attestation revokes the farm's builder key in its
-# last test, so it sorts after test_pipeline (LONG_FIRST).
+# collection order, so the farm starts once (``aoti_farm``,
+# tests/fixtures/faults.py; ``farm``, tests/fixtures/farm.py). test_attestation
+# revokes its farm's builder key in its last test, so it sorts after
+# test_pipeline (LONG_FIRST).
 SHARED_FARMS = {
     "tests/integration/test_pipeline.py": "aoti_farm",
     "tests/integration/test_attestation.py": "aoti_farm",
+    # The session ``farm``'s users (tests/fixtures/farm.py): one farm for the
+    # run instead of one per xdist worker (an API, two workers and their
+    # zygotes: about 45 CPU-s a start). test_pipeline_recovery, the longest,
+    # sorts first (LONG_FIRST), so the group starts at once.
+    **{f"tests/integration/{name}.py": "farm" for name in (
+        "test_pipeline_recovery", "test_programs", "test_structured_inputs",
+        "test_training", "test_tensor_parallel", "test_fake_weights_farm",
+        "test_fleet_feedback", "test_everyday_node", "test_byom_wheels", "test_dashboard")},
 }
 
 
