@@ -24,7 +24,7 @@ from farm.build.codeenv import NO_DEPS_HINT, CodeUnavailable, code_dir, code_roo
 from farm.build.compile_cache import CacheSession, namespace, open_store
 from farm.build.isolation import SandboxUnavailable
 from farm.build.sandbox import SandboxResult, build_isolation, run_isolated
-from farm.build.steps import compile_env
+from farm.build.steps import TRACE_STEP, compile_env
 from farm.build.toolchain import current_compiler
 from farm.core.specs import JobSpec
 from farm.core.target import Target
@@ -152,7 +152,7 @@ def trace_task(self: Task, job_id: str) -> None:
         service.fail_job(db, job_id, error=str(exc))
         return
     res = run_isolated(
-        "farm.build.steps:trace_step",
+        TRACE_STEP,
         {"spec": spec.to_json()},
         timeout_s=s.trace_timeout_s,
         memory_mb=s.build_memory_mb,

@@ -20,6 +20,11 @@ def trace_step(payload: dict[str, Any]) -> dict[str, Any]:
     return report.to_json()
 
 
+# The trace worker's target for run_isolated; its zygote preloads less
+# (farm.build.zygote.preload_for), so both name it from here.
+TRACE_STEP = f"{__name__}:{trace_step.__name__}"
+
+
 def compile_env(build_dir: str | Path) -> dict[str, str]:
     """Environment for a compile child: an Inductor and Triton cache of the
     build's own, so what the build tunes is exactly what ships with it, and

@@ -58,6 +58,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from farm.build.steps import TRACE_STEP
+
 log = logging.getLogger(__name__)
 
 # What a zygote imports before it serves: what its children import before
@@ -78,12 +80,11 @@ PRELOADS: dict[str, tuple[str, ...]] = {
     "build": (*_TRACE_PRELOAD, "torch._inductor.compile_fx", "farm.build.compile",
               "farm.build.verify"),
 }
-_TRACE_TARGET = "farm.build.steps:trace_step"
 
 
 def preload_for(target: str) -> str:
     """The preload set (a key of ``PRELOADS``) a child running ``target`` needs."""
-    return "trace" if target == _TRACE_TARGET else "build"
+    return "trace" if target == TRACE_STEP else "build"
 
 
 # The C++ compiler Inductor's config reads from CXX/CC when imported.
