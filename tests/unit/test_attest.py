@@ -340,3 +340,18 @@ def test_file_and_bundle(farm: Farm, tmp_path: Path) -> None:
     with pytest.raises(AttestationRefused) as exc:
         verify_file(tmp_path / "bare", root_key=root_pub, node_target=CPU)
     assert exc.value.field == "attestation"
+
+
+def test_a_node_that_names_no_options_refuses_a_signed_unguarded_build(farm: Farm) -> None:
+    # The farm's answer (or a farm that serves what it likes) hands a plain
+    # request a validly signed artifact built with disable_guard_check: the
+    # node's own check of the signed options refuses it.
+    from dataclasses import replace
+
+    spec = replace(farm.spec(), options=CompileOptions(disable_guard_check=True))
+    bundle = {"build": farm.build(spec), "version": farm.version_env(spec)}
+    err = refused("options", bundle, farm.trust(), req())
+    assert "did not ask for: disable_guard_check" in str(err)
+    v = verify_attestation(bundle, farm.trust(),
+                           req(options=CompileOptions(disable_guard_check=True)))
+    assert v.format == "aoti"
