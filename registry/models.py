@@ -31,6 +31,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from farm.core import specs
+
 NAMING = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -77,7 +79,7 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
-DEFAULT_PROJECT = "default"
+DEFAULT_PROJECT = specs.DEFAULT_PROJECT
 PROJECT_ROLES: tuple[str, ...] = ("reader", "maintainer", "owner")
 
 

@@ -51,7 +51,8 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["project"], ["projects.name"], ondelete="CASCADE",
                                 name=op.f("fk_project_roles_project_projects")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_project_roles")),
-        sa.UniqueConstraint("project", "principal", name=op.f("uq_project_roles_project_principal")),
+        sa.UniqueConstraint("project", "principal",
+                            name=op.f("uq_project_roles_project_principal")),
     )
     op.create_index(op.f("ix_project_roles_principal"), "project_roles", ["principal"])
     conn = op.get_bind()

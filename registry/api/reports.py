@@ -214,7 +214,7 @@ async def submit_plan(body: PlanIn, state: State, who: Submitter) -> dict[str, A
                            targets=tuple(b.target for b in builds),
                            code_digest=base.code_digest)
             try:
-                job_id, enqueued, warning = accept_job(state, spec, submitted_by=who.name)
+                job_id, enqueued, warning = accept_job(state, spec, submitted_by=who.name, who=who)
             except Exception as exc:
                 jobs.append({**first.to_json(), "error": f"{type(exc).__name__}: {exc}"})
                 continue
