@@ -121,6 +121,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                    disable_guard_check=args.disable_guard_check,
                                    regional=args.regional, weights=args.weights),
             targets=tuple(args.targets),
+            project=getattr(args, "project", None),
         )
     except SpecError as exc:
         raise UsageError(str(exc)) from None
