@@ -83,6 +83,9 @@ def test_another_projects_maintainer_cannot_move_an_alias(teams: Teams) -> None:
         assert r.status_code == 403 and "project 'default'" in r.json()["detail"], r.text
         r = c.delete("/v1/models/payments/versions/2")
         assert r.status_code == 403, r.text
+        # Nor turn on build on miss (any fleet token's reports would then start builds).
+        r = c.put("/v1/models/payments/policy", json={"build_on_miss": True})
+        assert r.status_code == 403, r.text
     assert teams.prod() == "1"
     assert {v["version"] for v in service.list_models(teams.served.db)[0]["versions"]} == \
         {"1", "2"}
