@@ -198,6 +198,13 @@ def list_models(db: Database) -> list[dict[str, Any]]:
                 a.name: by_id.get(a.version_id)
                 for a in s.scalars(select(m.Alias).where(m.Alias.model_id == model.id))
             }
+            # Who bound each version: its first job's submitter.
+            submitted_by: dict[int, str | None] = {}
+            for vid, who in s.execute(
+                    select(m.Job.version_id, m.Job.submitted_by)
+                    .where(m.Job.version_id.in_(list(by_id)))
+                    .order_by(m.Job.created_at, m.Job.id)):
+                submitted_by.setdefault(vid, who)
             vs = []
             for v in versions:
                 n = s.scalar(
@@ -212,6 +219,7 @@ def list_models(db: Database) -> list[dict[str, Any]]:
                         "kwargs": v.kwargs,
                         "kind": v.kind,
                         "artifacts": n,
+                        "submitted_by": submitted_by.get(v.id),
                         "created_at": _iso(v.created_at),
                     }
                 )

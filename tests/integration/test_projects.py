@@ -170,6 +170,17 @@ def test_history_and_signed_statement_say_who_moved_an_alias(teams: Teams) -> No
     code, out, err = teams.farm("fleet", "alias", "list", "payments")
     assert code == 0, err
     assert "prod: 1 -> 2  by dev (project default)" in out, out
+    # The version binding too: who submitted a version, in `farm models` and
+    # in the version statement the API signed.
+    code, out, err = teams.farm("mallory", *SUBMIT, "--name", "ledger", "--version", "1",
+                                "--project", "rival")
+    assert code == 0, (out, err)
+    code, out, err = teams.farm("admin", "models")
+    assert "ledger  [project rival]" in out and "artifact(s)  by mallory" in out, out
+    stored = trust.get_binding(teams.served.db, "ledger", trust.VERSION, "1")
+    assert stored is not None
+    version = json.loads(base64.b64decode(json.loads(stored[1])["payload"]))["predicate"]
+    assert (version["submitted_by"], version["project"]) == ("mallory", "rival")
     stored = trust.get_binding(teams.served.db, "payments", trust.ALIAS, "prod")
     assert stored is not None
     payload = json.loads(base64.b64decode(json.loads(stored[1])["payload"]))
