@@ -164,6 +164,18 @@ def test_reads_follow_projects_and_fleet_tokens_read_everything(teams: Teams) ->
             assert r.status_code == 200, r.text
 
 
+def test_the_dashboard_shows_a_confined_token_only_its_projects(teams: Teams) -> None:
+    with teams.http("mallory") as c:
+        assert "payments" not in c.get("/ui/models").text
+        r = c.get("/ui/models/payments")
+        assert r.status_code == 403 and "project &#39;default&#39;" in r.text, r.text[-2000:]
+        assert c.get("/ui/models/payments/versions/1").status_code == 403
+    with teams.http("fleet") as c:
+        assert "payments" in c.get("/ui/models").text
+        r = c.get("/ui/models/payments")
+        assert r.status_code == 200 and "<th>project</th>" in r.text
+
+
 def test_history_and_signed_statement_say_who_moved_an_alias(teams: Teams) -> None:
     code, out, err = teams.farm("dev", "alias", "set", "payments", "prod", "2")
     assert code == 0, (out, err)
