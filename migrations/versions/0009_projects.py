@@ -48,24 +48,32 @@ def upgrade() -> None:
         sa.Column("role", sa.String(length=16), nullable=False),
         sa.Column("granted_by", sa.String(length=128), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(["project"], ["projects.name"], ondelete="CASCADE",
-                                name=op.f("fk_project_roles_project_projects")),
+        sa.ForeignKeyConstraint(
+            ["project"],
+            ["projects.name"],
+            ondelete="CASCADE",
+            name=op.f("fk_project_roles_project_projects"),
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_project_roles")),
-        sa.UniqueConstraint("project", "principal",
-                            name=op.f("uq_project_roles_project_principal")),
+        sa.UniqueConstraint(
+            "project", "principal", name=op.f("uq_project_roles_project_principal")
+        ),
     )
     op.create_index(op.f("ix_project_roles_principal"), "project_roles", ["principal"])
     conn = op.get_bind()
-    conn.execute(sa.text("INSERT INTO projects (name, created_by, created_at) "
-                         "VALUES (:n, :by, :at)"), {"n": DEFAULT, "by": ACTOR, "at": now})
+    conn.execute(
+        sa.text("INSERT INTO projects (name, created_by, created_at) VALUES (:n, :by, :at)"),
+        {"n": DEFAULT, "by": ACTOR, "at": now},
+    )
 
     with op.batch_alter_table("models") as batch:
         batch.add_column(sa.Column("project", sa.String(length=64), nullable=True))
     conn.execute(sa.text("UPDATE models SET project = :n"), {"n": DEFAULT})
     with op.batch_alter_table("models") as batch:
         batch.alter_column("project", existing_type=sa.String(length=64), nullable=False)
-        batch.create_foreign_key(op.f("fk_models_project_projects"), "projects",
-                                 ["project"], ["name"])
+        batch.create_foreign_key(
+            op.f("fk_models_project_projects"), "projects", ["project"], ["name"]
+        )
         batch.create_index(op.f("ix_models_project"), ["project"])
     with op.batch_alter_table("alias_events") as batch:
         batch.add_column(sa.Column("project", sa.String(length=64), nullable=True))
@@ -73,50 +81,77 @@ def upgrade() -> None:
     # Roles: one per token name (revocation is by name too), the highest its
     # live tokens had.
     best: dict[str, str] = {}
-    for name, role in conn.execute(sa.text(
-            "SELECT name, role FROM api_tokens WHERE revoked = :f"), {"f": False}):
+    for name, role in conn.execute(
+        sa.text("SELECT name, role FROM api_tokens WHERE revoked = :f"), {"f": False}
+    ):
         mapped = _ROLE_OF.get(role)
         if mapped is not None and best.get(name) != "owner":
             best[name] = mapped
     for name, role in sorted(best.items()):
-        conn.execute(sa.text(
-            "INSERT INTO project_roles (project, principal, role, granted_by, created_at) "
-            "VALUES (:p, :who, :role, :by, :at)"),
-            {"p": DEFAULT, "who": name, "role": role, "by": ACTOR, "at": now})
+        conn.execute(
+            sa.text(
+                "INSERT INTO project_roles (project, principal, role, granted_by, created_at) "
+                "VALUES (:p, :who, :role, :by, :at)"
+            ),
+            {"p": DEFAULT, "who": name, "role": role, "by": ACTOR, "at": now},
+        )
 
     _rename_shadowed_aliases(conn, now)
 
 
 def _rename_shadowed_aliases(conn: sa.Connection, now: datetime) -> None:
-    rows = conn.execute(sa.text(
-        "SELECT a.id, a.name, m.name, v.version FROM aliases a "
-        "JOIN models m ON m.id = a.model_id "
-        "JOIN model_versions v ON v.id = a.version_id "
-        "WHERE EXISTS (SELECT 1 FROM model_versions o "
-        "              WHERE o.model_id = a.model_id AND o.version = a.name)")).all()
+    rows = conn.execute(
+        sa.text(
+            "SELECT a.id, a.name, m.name, v.version FROM aliases a "
+            "JOIN models m ON m.id = a.model_id "
+            "JOIN model_versions v ON v.id = a.version_id "
+            "WHERE EXISTS (SELECT 1 FROM model_versions o "
+            "              WHERE o.model_id = a.model_id AND o.version = a.name)"
+        )
+    ).all()
     for alias_id, alias, model, version in rows:
-        taken = {r[0] for r in conn.execute(sa.text(
-            "SELECT a.name FROM aliases a JOIN models m ON m.id = a.model_id "
-            "WHERE m.name = :m UNION SELECT v.version FROM model_versions v "
-            "JOIN models m ON m.id = v.model_id WHERE m.name = :m"), {"m": model})}
+        taken = {
+            r[0]
+            for r in conn.execute(
+                sa.text(
+                    "SELECT a.name FROM aliases a JOIN models m ON m.id = a.model_id "
+                    "WHERE m.name = :m UNION SELECT v.version FROM model_versions v "
+                    "JOIN models m ON m.id = v.model_id WHERE m.name = :m"
+                ),
+                {"m": model},
+            )
+        }
         new, n = f"{alias}-alias", 2
         while new in taken:
             new, n = f"{alias}-alias{n}", n + 1
-        conn.execute(sa.text("UPDATE aliases SET name = :new WHERE id = :id"),
-                     {"new": new, "id": alias_id})
+        conn.execute(
+            sa.text("UPDATE aliases SET name = :new WHERE id = :id"), {"new": new, "id": alias_id}
+        )
         # The old alias's signed statement names the old alias: the new one
         # has none until a maintainer sets it again (nodes refuse it before).
-        conn.execute(sa.text("DELETE FROM name_bindings WHERE model = :m AND kind = 'alias' "
-                             "AND ref = :a"), {"m": model, "a": alias})
+        conn.execute(
+            sa.text("DELETE FROM name_bindings WHERE model = :m AND kind = 'alias' AND ref = :a"),
+            {"m": model, "a": alias},
+        )
         for name, to, prev, why in (
-                (alias, None, version, f"{ACTOR}: shadowed by version {alias!r}, "
-                                       f"renamed {new!r}"),
-                (new, version, None, f"{ACTOR}: renamed from {alias!r}")):
-            conn.execute(sa.text(
-                "INSERT INTO alias_events (model, alias, version, previous, actor, project, "
-                "created_at) VALUES (:m, :a, :v, :p, :who, :proj, :at)"),
-                {"m": model, "a": name, "v": to, "p": prev, "who": why[:128], "proj": DEFAULT,
-                 "at": now})
+            (alias, None, version, f"{ACTOR}: shadowed by version {alias!r}, renamed {new!r}"),
+            (new, version, None, f"{ACTOR}: renamed from {alias!r}"),
+        ):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO alias_events (model, alias, version, previous, actor, project, "
+                    "created_at) VALUES (:m, :a, :v, :p, :who, :proj, :at)"
+                ),
+                {
+                    "m": model,
+                    "a": name,
+                    "v": to,
+                    "p": prev,
+                    "who": why[:128],
+                    "proj": DEFAULT,
+                    "at": now,
+                },
+            )
 
 
 def downgrade() -> None:

@@ -24,15 +24,21 @@ class ProjectIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(max_length=64, pattern=PROJECT_PATTERN, description="the project's name")
-    owner: str | None = Field(default=None, min_length=1, max_length=128,
-                              description="a token name to make its first owner")
+    owner: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="a token name to make its first owner",
+    )
 
 
 class GrantIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Role = Field(description="reader: resolve and read; maintainer: also submit "
-                                   "versions and move aliases; owner: also grant roles")
+    role: Role = Field(
+        description="reader: resolve and read; maintainer: also submit "
+        "versions and move aliases; owner: also grant roles"
+    )
 
 
 @router.get("")
@@ -47,11 +53,17 @@ def create_project(body: ProjectIn, state: State, who: Admin) -> dict[str, Any]:
     return projects.create_project(state.db, body.name, by=who.name, owner=body.owner)
 
 
-@router.put("/{project}/roles/{principal}",
-            responses={403: err("the token is no owner of the project"),
-                       404: err("no such project")})
-def grant(project: ProjectName, principal: Annotated[str, Path(max_length=128)],
-          body: GrantIn, state: State, who: Reader) -> dict[str, Any]:
+@router.put(
+    "/{project}/roles/{principal}",
+    responses={403: err("the token is no owner of the project"), 404: err("no such project")},
+)
+def grant(
+    project: ProjectName,
+    principal: Annotated[str, Path(max_length=128)],
+    body: GrantIn,
+    state: State,
+    who: Reader,
+) -> dict[str, Any]:
     """Give a token name a role in the project (its owners, or an admin)."""
     projects.require(state.db, who, project, "owner")
     out = projects.grant(state.db, project, principal, body.role, by=who.name)
@@ -59,11 +71,16 @@ def grant(project: ProjectName, principal: Annotated[str, Path(max_length=128)],
     return {**out, "granted_by": who.name}
 
 
-@router.delete("/{project}/roles/{principal}",
-               responses={403: err("the token is no owner of the project"),
-                          404: err("no such project, or no role to revoke")})
-def revoke(project: ProjectName, principal: Annotated[str, Path(max_length=128)],
-           state: State, who: Reader) -> dict[str, Any]:
+@router.delete(
+    "/{project}/roles/{principal}",
+    responses={
+        403: err("the token is no owner of the project"),
+        404: err("no such project, or no role to revoke"),
+    },
+)
+def revoke(
+    project: ProjectName, principal: Annotated[str, Path(max_length=128)], state: State, who: Reader
+) -> dict[str, Any]:
     """Take a token name's role in the project away (takes effect at once for
     writes, within a few seconds for reads)."""
     projects.require(state.db, who, project, "owner")

@@ -34,8 +34,10 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
 
 def check_name(name: str) -> str:
     if not _NAME_RE.match(name):
-        raise InvalidRequest(f"bad project name {name!r}: a lower-case letter, then lower-case "
-                             "letters, digits, '.', '_' or '-' (at most 64)")
+        raise InvalidRequest(
+            f"bad project name {name!r}: a lower-case letter, then lower-case "
+            "letters, digits, '.', '_' or '-' (at most 64)"
+        )
     return name
 
 
@@ -51,8 +53,10 @@ def ensure_project(s: Session, name: str, *, by: str | None = None) -> None:
     if s.get(m.Project, name) is not None:
         return
     if name != DEFAULT:
-        raise NotFound(f"no project {name!r}; projects: {', '.join(_names(s)) or 'none'} "
-                       "(an admin creates one: farm project create NAME)")
+        raise NotFound(
+            f"no project {name!r}; projects: {', '.join(_names(s)) or 'none'} "
+            "(an admin creates one: farm project create NAME)"
+        )
     s.add(m.Project(name=name, created_by=by))
     s.flush()
 
@@ -61,8 +65,9 @@ def _names(s: Session) -> list[str]:
     return list(s.scalars(select(m.Project.name).order_by(m.Project.name)))
 
 
-def create_project(db: Database, name: str, *, by: str | None,
-                   owner: str | None = None) -> dict[str, Any]:
+def create_project(
+    db: Database, name: str, *, by: str | None, owner: str | None = None
+) -> dict[str, Any]:
     check_name(name)
     with db.session() as s:
         if s.get(m.Project, name) is not None:
@@ -74,8 +79,9 @@ def create_project(db: Database, name: str, *, by: str | None,
     return {"project": name, "created_by": by, "owner": owner}
 
 
-def grant(db: Database, project: str, principal: str, role: str, *,
-          by: str | None) -> dict[str, Any]:
+def grant(
+    db: Database, project: str, principal: str, role: str, *, by: str | None
+) -> dict[str, Any]:
     """Give ``principal`` (a token name) ``role`` in ``project``, replacing its
     role there; returns the role it had before (None)."""
     check_role(role)
@@ -84,12 +90,14 @@ def grant(db: Database, project: str, principal: str, role: str, *,
         raise InvalidRequest("a role needs a token name of 1 to 128 characters")
     with db.session() as s:
         ensure_project(s, project)
-        row = s.scalar(select(m.ProjectRole).where(m.ProjectRole.project == project,
-                                                   m.ProjectRole.principal == principal))
+        row = s.scalar(
+            select(m.ProjectRole).where(
+                m.ProjectRole.project == project, m.ProjectRole.principal == principal
+            )
+        )
         previous = None if row is None else row.role
         if row is None:
-            s.add(m.ProjectRole(project=project, principal=principal, role=role,
-                                granted_by=by))
+            s.add(m.ProjectRole(project=project, principal=principal, role=role, granted_by=by))
         else:
             row.role, row.granted_by = role, by
     return {"project": project, "principal": principal, "role": role, "previous": previous}
@@ -98,8 +106,11 @@ def grant(db: Database, project: str, principal: str, role: str, *,
 def revoke(db: Database, project: str, principal: str) -> dict[str, Any]:
     with db.session() as s:
         ensure_project(s, project)
-        row = s.scalar(select(m.ProjectRole).where(m.ProjectRole.project == project,
-                                                   m.ProjectRole.principal == principal))
+        row = s.scalar(
+            select(m.ProjectRole).where(
+                m.ProjectRole.project == project, m.ProjectRole.principal == principal
+            )
+        )
         if row is None:
             raise NotFound(f"{principal!r} has no role in project {project!r}")
         role = row.role
@@ -110,22 +121,39 @@ def revoke(db: Database, project: str, principal: str) -> dict[str, Any]:
 def roles_of(db: Database, principal: str) -> dict[str, str]:
     """``principal``'s role in each project it has one in."""
     with db.session() as s:
-        return {k: v for k, v in s.execute(select(m.ProjectRole.project, m.ProjectRole.role)
-                              .where(m.ProjectRole.principal == principal))}
+        return {
+            k: v
+            for k, v in s.execute(
+                select(m.ProjectRole.project, m.ProjectRole.role).where(
+                    m.ProjectRole.principal == principal
+                )
+            )
+        }
 
 
 def list_projects(db: Database) -> list[dict[str, Any]]:
     with db.session() as s:
-        models = {k: v for k, v in s.execute(select(m.Model.project, func.count(m.Model.id))
-                                .group_by(m.Model.project))}
+        models = {
+            k: v
+            for k, v in s.execute(
+                select(m.Model.project, func.count(m.Model.id)).group_by(m.Model.project)
+            )
+        }
         members: dict[str, list[dict[str, Any]]] = {}
         for r in s.scalars(select(m.ProjectRole).order_by(m.ProjectRole.principal)):
             members.setdefault(r.project, []).append(
-                {"principal": r.principal, "role": r.role, "granted_by": r.granted_by})
-        return [{"project": p.name, "created_by": p.created_by,
-                 "created_at": p.created_at.isoformat(), "models": models.get(p.name, 0),
-                 "roles": members.get(p.name, [])}
-                for p in s.scalars(select(m.Project).order_by(m.Project.name))]
+                {"principal": r.principal, "role": r.role, "granted_by": r.granted_by}
+            )
+        return [
+            {
+                "project": p.name,
+                "created_by": p.created_by,
+                "created_at": p.created_at.isoformat(),
+                "models": models.get(p.name, 0),
+                "roles": members.get(p.name, []),
+            }
+            for p in s.scalars(select(m.Project).order_by(m.Project.name))
+        ]
 
 
 def project_of(db: Database, model: str) -> str | None:
@@ -139,9 +167,12 @@ def project_of(db: Database, model: str) -> str | None:
 
 def _refuse(who: Principal, project: str, need: str, has: str | None) -> AuthError:
     held = f"role {has!r}" if has else "no role"
-    return AuthError(403, f"token {who.name!r} has {held} in project {project!r}; this needs "
-                          f"role {need!r} or higher there (a project owner grants it: farm "
-                          f"project grant {project} {who.name} {need})")
+    return AuthError(
+        403,
+        f"token {who.name!r} has {held} in project {project!r}; this needs "
+        f"role {need!r} or higher there (a project owner grants it: farm "
+        f"project grant {project} {who.name} {need})",
+    )
 
 
 def require(db: Database, who: Principal, project: str, need: str) -> None:

@@ -37,8 +37,9 @@ class Teams:
         return self.served.farm(*argv, token=self.tokens[who])
 
     def http(self, who: str) -> httpx.Client:
-        return httpx.Client(base_url=self.served.url,
-                            headers={"Authorization": f"Bearer {self.tokens[who]}"})
+        return httpx.Client(
+            base_url=self.served.url, headers={"Authorization": f"Bearer {self.tokens[who]}"}
+        )
 
     def prod(self) -> str | None:
         aliases = service.list_aliases(self.served.db, "payments", history=False)["aliases"]
@@ -54,8 +55,9 @@ def _token(farm: Served, *argv: str) -> str:
 def teams(served: Served) -> Iterator[Teams]:  # noqa: F811 - the fixture imported above
     make_artifact(served, name="payments", version="1")
     make_artifact(served, name="payments", version="2", fingerprint="e" * 64)
-    service.record_heartbeat(served.db, worker_id="w:1", kind="compile", queue=CPU.queue,
-                             target=str(CPU))
+    service.record_heartbeat(
+        served.db, worker_id="w:1", kind="compile", queue=CPU.queue, target=str(CPU)
+    )
     served.ok("project", "create", "rival")
     tokens = {
         "admin": "everyday-admin-token",
@@ -87,8 +89,7 @@ def test_another_projects_maintainer_cannot_move_an_alias(teams: Teams) -> None:
         r = c.put("/v1/models/payments/policy", json={"build_on_miss": True})
         assert r.status_code == 403, r.text
     assert teams.prod() == "1"
-    assert {v["version"] for v in service.list_models(teams.served.db)[0]["versions"]} == \
-        {"1", "2"}
+    assert {v["version"] for v in service.list_models(teams.served.db)[0]["versions"]} == {"1", "2"}
 
 
 def test_a_reader_cannot_add_a_version(teams: Teams) -> None:
@@ -105,8 +106,10 @@ def test_the_issues_takeover_is_refused(teams: Teams) -> None:
     """`farm submit evil.py:make --name payments --version prod`: from another
     project it is a 403, from the model's own project a 409 (a version may
     not be named like an alias); either way prod still points at 1."""
-    for argv in (("--name", "payments", "--version", "prod"),
-                 ("--name", "payments", "--version", "prod", "--project", "rival")):
+    for argv in (
+        ("--name", "payments", "--version", "prod"),
+        ("--name", "payments", "--version", "prod", "--project", "rival"),
+    ):
         code, out, err = teams.farm("mallory", *SUBMIT, *argv)
         assert code != 0, out
         assert "project 'default'" in err and "'maintainer'" in err, err
@@ -121,9 +124,13 @@ def test_the_issues_takeover_is_refused(teams: Teams) -> None:
 
 def test_version_named_like_an_alias_and_the_reverse_are_409(teams: Teams) -> None:
     make_artifact(teams.served, name="payments", version="rc1", fingerprint="d" * 64)
-    spec = {"name": "payments", "version": "prod",
-            "model": {"entrypoint": "farm.zoo.stack:stack"}, "inputs": ["float32[2,16]"],
-            "targets": [str(CPU)]}
+    spec = {
+        "name": "payments",
+        "version": "prod",
+        "model": {"entrypoint": "farm.zoo.stack:stack"},
+        "inputs": ["float32[2,16]"],
+        "targets": [str(CPU)],
+    }
     with teams.http("dev") as c:
         r = c.post("/v1/jobs", json=spec)
         assert r.status_code == 409, r.text
@@ -137,8 +144,9 @@ def test_version_named_like_an_alias_and_the_reverse_are_409(teams: Teams) -> No
 
 def test_a_model_of_another_project_cannot_be_claimed(teams: Teams) -> None:
     """mallory's own project takes new models; a name of another project's is refused."""
-    code, out, err = teams.farm("mallory", *SUBMIT, "--name", "ledger", "--version", "1",
-                                "--project", "rival")
+    code, out, err = teams.farm(
+        "mallory", *SUBMIT, "--name", "ledger", "--version", "1", "--project", "rival"
+    )
     assert code == 0, (out, err)
     assert service.list_models(teams.served.db)[0]["name"] == "ledger"
     projects = {m["name"]: m["project"] for m in service.list_models(teams.served.db)}
@@ -152,15 +160,24 @@ def test_reads_follow_projects_and_fleet_tokens_read_everything(teams: Teams) ->
     with teams.http("mallory") as c:
         r = c.get("/v1/models/payments")
         assert r.status_code == 403 and "project 'default'" in r.json()["detail"], r.text
-        r = c.get("/v1/resolve", params={"model": "payments", "ref": "prod",
-                                         "input": "int64[1,16]", "target": str(CPU)})
+        r = c.get(
+            "/v1/resolve",
+            params={"model": "payments", "ref": "prod", "input": "int64[1,16]", "target": str(CPU)},
+        )
         assert r.status_code == 403, r.text
         assert [m["name"] for m in c.get("/v1/models").json()["models"]] == []
     for who in ("fleet", "rita"):
         with teams.http(who) as c:
             assert c.get("/v1/models/payments").status_code == 200
-            r = c.get("/v1/resolve", params={"model": "payments", "ref": "prod",
-                                             "input": "int64[1,16]", "target": str(CPU)})
+            r = c.get(
+                "/v1/resolve",
+                params={
+                    "model": "payments",
+                    "ref": "prod",
+                    "input": "int64[1,16]",
+                    "target": str(CPU),
+                },
+            )
             assert r.status_code == 200, r.text
 
 
@@ -184,8 +201,9 @@ def test_history_and_signed_statement_say_who_moved_an_alias(teams: Teams) -> No
     assert "prod: 1 -> 2  by dev (project default)" in out, out
     # The version binding too: who submitted a version, in `farm models` and
     # in the version statement the API signed.
-    code, out, err = teams.farm("mallory", *SUBMIT, "--name", "ledger", "--version", "1",
-                                "--project", "rival")
+    code, out, err = teams.farm(
+        "mallory", *SUBMIT, "--name", "ledger", "--version", "1", "--project", "rival"
+    )
     assert code == 0, (out, err)
     code, out, err = teams.farm("admin", "models")
     assert "ledger  [project rival]" in out and "artifact(s)  by mallory" in out, out

@@ -34,9 +34,12 @@ KERNEL = b"\x7fELF planted by project a"
 
 def _settings(tmp_path: Path, redis_url: str, db_url: str, scope: str | None) -> Settings:
     values: dict[str, object] = {
-        "farm_home": tmp_path / "home", "database_url": db_url, "redis_url": redis_url,
+        "farm_home": tmp_path / "home",
+        "database_url": db_url,
+        "redis_url": redis_url,
         "farm_compile_cache": "redis",
-        "farm_compile_cache_prefix": f"farm:ccache:test-{uuid.uuid4().hex[:8]}"}
+        "farm_compile_cache_prefix": f"farm:ccache:test-{uuid.uuid4().hex[:8]}",
+    }
     if scope is not None:
         values["farm_compile_cache_scope"] = scope
     return Settings(**values)  # type: ignore[arg-type]
@@ -50,8 +53,13 @@ def _build_dir(tmp_path: Path, name: str) -> Path:
 
 @pytest.mark.parametrize("scope", [None, "target"])
 def test_a_kernel_planted_by_one_project_is_absent_from_anothers_build(
-        scope: str | None, database: Database, db_url: str, redis_url: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    scope: str | None,
+    database: Database,
+    db_url: str,
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     settings = _settings(tmp_path, redis_url, db_url, scope)
     monkeypatch.setattr(context, "settings", lambda: settings)
     monkeypatch.setattr(context, "database", lambda: database)
@@ -96,18 +104,42 @@ def _traced(db: Database, spec: JobSpec, fingerprint: str) -> tuple[str, list[st
 def test_an_identical_build_of_another_project_is_not_reused(database: Database) -> None:
     for name in ("team-a", "team-b"):
         projects.create_project(database, name, by="test")
-    a = JobSpec.from_json({"name": "alpha", "version": "1", "project": "team-a",
-                           "model": {"entrypoint": "farm.zoo.stack:stack"},
-                           "inputs": ["float32[2,16]"]})
+    a = JobSpec.from_json(
+        {
+            "name": "alpha",
+            "version": "1",
+            "project": "team-a",
+            "model": {"entrypoint": "farm.zoo.stack:stack"},
+            "inputs": ["float32[2,16]"],
+        }
+    )
     fp = "c" * 64
     job_a, (key_a,) = _traced(database, a, fp)
-    assert service.begin_compile(database, key_a, worker_id="w:1",
-                                 heartbeat_max_age_s=30).action == "run"
+    assert (
+        service.begin_compile(database, key_a, worker_id="w:1", heartbeat_max_age_s=30).action
+        == "run"
+    )
     service.finish_compile(
-        database, key_a, target=CPU, spec=a, fingerprint=fp, compile_s=1.0,
-        artifacts=[service.NewArtifact(digest="d" * 64, size=10, format="aoti", verified=True,
-                                       first_call_compiles=False, max_abs_err=0.0,
-                                       first_call_s=0.01, load_s=0.1, meta={})])
+        database,
+        key_a,
+        target=CPU,
+        spec=a,
+        fingerprint=fp,
+        compile_s=1.0,
+        artifacts=[
+            service.NewArtifact(
+                digest="d" * 64,
+                size=10,
+                format="aoti",
+                verified=True,
+                first_call_compiles=False,
+                max_abs_err=0.0,
+                first_call_s=0.01,
+                load_s=0.1,
+                meta={},
+            )
+        ],
+    )
     assert service.job_view(database, job_a)["state"] == "succeeded"
 
     # The same program, graph, inputs and target in project a: reused.

@@ -42,8 +42,14 @@ print(json.dumps({"source": fast.source, "reason": fast.reason,
 
 
 def _cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "farm.app.cli", *argv], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "farm.app.cli", *argv],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def _token(env: dict[str, str], *argv: str) -> str:
@@ -53,15 +59,32 @@ def _token(env: dict[str, str], *argv: str) -> str:
 
 
 def test_a_projects_build_is_signed_with_its_project_and_loads_on_a_node(
-        farm: Farm, tmp_path: Path) -> None:
+    farm: Farm, tmp_path: Path
+) -> None:
     admin = {**farm.env}
     r = _cli(admin, "project", "create", "team-b")
     assert r.returncode == 0, r.stderr
-    maintainer = {**admin, "FARM_TOKEN": _token(admin, "team-b-ci",
-                                                "--project", "team-b=maintainer")}
-    r = _cli(maintainer, "submit", "farm.zoo.basic:mlp", "--project", "team-b", "--name", NAME,
-             "--version", "1", "--input", "float32[8,64]", "--target", "cpu", "--wait",
-             "--json")
+    maintainer = {
+        **admin,
+        "FARM_TOKEN": _token(admin, "team-b-ci", "--project", "team-b=maintainer"),
+    }
+    r = _cli(
+        maintainer,
+        "submit",
+        "farm.zoo.basic:mlp",
+        "--project",
+        "team-b",
+        "--name",
+        NAME,
+        "--version",
+        "1",
+        "--input",
+        "float32[8,64]",
+        "--target",
+        "cpu",
+        "--wait",
+        "--json",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     r = _cli(maintainer, "alias", "set", NAME, "prod", "1")
     assert r.returncode == 0, r.stderr
@@ -73,8 +96,9 @@ def test_a_projects_build_is_signed_with_its_project_and_loads_on_a_node(
     db = Database(farm.env["DATABASE_URL"])
     try:
         with db.session() as s:
-            envelope = s.scalar(select(m.Artifact.attestation)
-                                .where(m.Artifact.digest == art["digest"]))
+            envelope = s.scalar(
+                select(m.Artifact.attestation).where(m.Artifact.digest == art["digest"])
+            )
     finally:
         db.dispose()
     assert envelope is not None
@@ -82,10 +106,19 @@ def test_a_projects_build_is_signed_with_its_project_and_loads_on_a_node(
     assert stmt["predicate"]["project"] == "team-b"
     assert stmt["predicate"]["build_key"] == art["build_key"]
 
-    fleet = {**admin, "FARM_TOKEN": _token(admin, "team-b-fleet", "--role", "read"),
-             "CLIENT_CACHE_DIR": str(tmp_path / "cache")}
-    node = subprocess.run([*node_python(), "-c", SNIPPET], env=fleet, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    fleet = {
+        **admin,
+        "FARM_TOKEN": _token(admin, "team-b-fleet", "--role", "read"),
+        "CLIENT_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    node = subprocess.run(
+        [*node_python(), "-c", SNIPPET],
+        env=fleet,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert node.returncode == 0, node.stderr[-4000:]
     out = json.loads(node.stdout.strip().splitlines()[-1])
     assert out["source"] == "farm", (out, node.stderr[-3000:])
