@@ -6,7 +6,10 @@ ordered, each including the ones below it::
 
     read    resolve, download, list, report a miss   (fleet nodes)
     submit  + submit jobs, set aliases               (CI, model owners)
-    admin   + create tokens
+    admin   + create tokens and projects, everything in every project
+
+Submitting and moving aliases also need a role in the model's project
+(``registry.service.projects``): a global role alone changes no model.
 
 Two tokens never touch the table: the bootstrap admin token from
 ``FARM_ADMIN_TOKEN`` (for first setup, kept only as a hash in memory), and,
@@ -27,6 +30,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -57,6 +61,9 @@ class AuthError(Exception):
 class Principal:
     name: str
     role: str
+    # The projects the name holds a role in (registry.service.projects); None:
+    # none at all, a farm-wide reader (fleet nodes' tokens).
+    projects: frozenset[str] | None = None
 
     def allows(self, role: str) -> bool:
         return _RANK[self.role] >= _RANK[role]
@@ -75,16 +82,44 @@ def check_role(role: str) -> str:
     return role
 
 
-def create_token(db: Database, name: str, role: str) -> str:
-    """Store a new token for ``name`` with ``role``; returns the plaintext (shown once)."""
+def create_token(db: Database, name: str, role: str,
+                 projects: Mapping[str, str] | None = None, *, by: str | None = None) -> str:
+    """Store a new token for ``name`` with ``role``; returns the plaintext (shown once).
+
+    ``projects`` (project -> reader | maintainer | owner) gives the name those
+    roles. Without it a ``submit`` token is a maintainer of the ``default``
+    project, as every submit token was before projects; a ``read`` token gets
+    no project role and reads every project (fleet nodes)."""
     check_role(role)
     name = name.strip()
     if not name or len(name) > _MAX_NAME_CHARS:
         raise ValueError(f"a token needs a name of 1 to {_MAX_NAME_CHARS} characters")
+    implicit = projects is None
+    if projects is None:
+        projects = {m.DEFAULT_PROJECT: "maintainer"} if role == "submit" else {}
+    for project, project_role in projects.items():
+        if project_role not in m.PROJECT_ROLES:
+            raise ValueError(f"unknown project role {project_role!r} for {project!r}; known: "
+                             f"{', '.join(m.PROJECT_ROLES)}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with db.session() as s:
         s.add(m.ApiToken(name=name, token_hash=hash_token(token), role=role))
-    log.info("created %s token %r", role, name)
+        for project, project_role in projects.items():
+            if s.get(m.Project, project) is None:
+                if project != m.DEFAULT_PROJECT:
+                    known = ", ".join(s.scalars(select(m.Project.name))) or "none"
+                    raise ValueError(f"no project {project!r}; projects: {known} (an admin "
+                                     "creates one: farm project create NAME)")
+                s.add(m.Project(name=project, created_by=by))
+                s.flush()
+            row = s.scalar(select(m.ProjectRole).where(m.ProjectRole.project == project,
+                                                       m.ProjectRole.principal == name))
+            if row is None:
+                s.add(m.ProjectRole(project=project, principal=name, role=project_role,
+                                    granted_by=by))
+            elif not implicit:
+                row.role, row.granted_by = project_role, by
+    log.info("created %s token %r (projects: %s)", role, name, dict(projects) or "none")
     return token
 
 
@@ -104,8 +139,19 @@ def list_tokens(db: Database, *, include_revoked: bool = False) -> list[dict[str
         q = select(m.ApiToken).order_by(m.ApiToken.created_at, m.ApiToken.id)
         if not include_revoked:
             q = q.where(m.ApiToken.revoked.is_(False))
+        roles: dict[str, dict[str, str]] = {}
+        for pr in s.scalars(select(m.ProjectRole)):
+            roles.setdefault(pr.principal, {})[pr.project] = pr.role
         return [{"name": r.name, "role": r.role, "revoked": r.revoked,
+                 "projects": roles.get(r.name, {}),
                  "created_at": r.created_at.isoformat()} for r in s.scalars(q)]
+
+
+def list_roles(db: Database, name: str) -> dict[str, str]:
+    """``name``'s role in each project it has one in."""
+    with db.session() as s:
+        return {k: v for k, v in s.execute(select(m.ProjectRole.project, m.ProjectRole.role)
+                              .where(m.ProjectRole.principal == name))}
 
 
 def lookup_token(db: Database, token_hash: str) -> Principal | None:
@@ -113,7 +159,9 @@ def lookup_token(db: Database, token_hash: str) -> Principal | None:
         row = s.scalar(select(m.ApiToken).where(m.ApiToken.token_hash == token_hash))
         if row is None or row.revoked:
             return None
-        return Principal(row.name, row.role)
+        projects = frozenset(s.scalars(select(m.ProjectRole.project)
+                                       .where(m.ProjectRole.principal == row.name)))
+        return Principal(row.name, row.role, projects or None)
 
 
 def bearer_token(header: str | None) -> str:
@@ -192,5 +240,6 @@ class Authenticator:
 
 __all__ = [
     "ANONYMOUS_ADMIN", "ROLES", "AuthError", "Authenticator", "Principal", "bearer_token",
-    "check_role", "create_token", "hash_token", "list_tokens", "lookup_token", "revoke_tokens",
+    "check_role", "create_token", "hash_token", "list_roles", "list_tokens", "lookup_token",
+    "revoke_tokens",
 ]

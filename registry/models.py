@@ -31,6 +31,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from farm.core import specs
+
 NAMING = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -77,11 +79,45 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
+DEFAULT_PROJECT = specs.DEFAULT_PROJECT
+PROJECT_ROLES: tuple[str, ...] = ("reader", "maintainer", "owner")
+
+
+class Project(Base):
+    """A team's namespace: it owns models, and tokens hold roles in it
+    (``ProjectRole``). Admins create projects; migration 0009 put every model
+    made before projects into ``default``."""
+
+    __tablename__ = "projects"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ProjectRole(Base):
+    """A token holder's role in one project: ``reader`` (resolve, read),
+    ``maintainer`` (+ add versions, move aliases), ``owner`` (+ grant and
+    revoke roles). Keyed by the token's name, as revocation is."""
+
+    __tablename__ = "project_roles"
+    __table_args__ = (UniqueConstraint("project", "principal"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project: Mapped[str] = mapped_column(ForeignKey("projects.name", ondelete="CASCADE"))
+    principal: Mapped[str] = mapped_column(String(128), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    granted_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 class Model(Base):
     __tablename__ = "models"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
+    project: Mapped[str] = mapped_column(ForeignKey("projects.name"), index=True,
+                                         default=DEFAULT_PROJECT)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     versions: Mapped[list[ModelVersion]] = relationship(back_populates="model")
@@ -135,6 +171,8 @@ class AliasEvent(Base):
     version: Mapped[str | None] = mapped_column(String(64), nullable=True)
     previous: Mapped[str | None] = mapped_column(String(64), nullable=True)
     actor: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # The model's project when it moved (None: before projects existed).
+    project: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

@@ -23,7 +23,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 from farm.build import zygote
 from farm.build.child_output import ChildOutputError, TakenArtifact, take_artifacts, worker_dir
 from farm.build.codeenv import NO_DEPS_HINT, CodeUnavailable, code_dir, code_root, env_dir, env_root
-from farm.build.compile_cache import CacheSession, namespace, open_store
+from farm.build.compile_cache import CacheSession, open_store, scoped_namespace
 from farm.build.isolation import Isolation, SandboxUnavailable
 from farm.build.sandbox import SandboxResult, build_isolation, run_isolated
 from farm.build.steps import TRACE_STEP, compile_env
@@ -244,7 +244,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         out_dir = Path(tmp) / "out"
         # Before the sandbox: the child compiles in caches this worker filled
         # from the target's shared store; it never reaches the store itself.
-        cache = _shared_cache(target, Path(tmp), model=spec.name)
+        cache = _shared_cache(target, Path(tmp), model=spec.name, project=spec.project)
         _stage(db, build_key, "compiling")
         res = run_isolated(
             "farm.build.steps:compile_step",
@@ -394,7 +394,8 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
             )
 
 
-def _shared_cache(target: Target, build_dir: Path, *, model: str) -> CacheSession | None:
+def _shared_cache(target: Target, build_dir: Path, *, model: str,
+                  project: str | None = None) -> CacheSession | None:
     """The target's shared compile cache for this build, prefilled into
     ``build_dir`` (farm.build.compile_cache); None when it is off. Best
     effort: a cache that is down costs the build its speed-up, never the build."""
@@ -405,10 +406,10 @@ def _shared_cache(target: Target, build_dir: Path, *, model: str) -> CacheSessio
         if store is None:
             return None
         salt = cache_salt(context.database(), str(target))
-        # scope "model": builds share only with earlier builds of the same
-        # model name (docs/security.md: who can poison whose build).
-        scoped = model if s.farm_compile_cache_scope == "model" else None
-        ns = namespace(str(target), salt, prefix=s.farm_compile_cache_prefix, model=scoped)
+        # Per project by default: who can poison whose build (docs/security.md).
+        ns = scoped_namespace(str(target), salt, scope=s.farm_compile_cache_scope,
+                              project=project, model=model,
+                              prefix=s.farm_compile_cache_prefix)
         cache = CacheSession(store, ns, build_dir)
         cache.prefill()
         return cache

@@ -28,6 +28,8 @@ def cmd_alias_set(args: argparse.Namespace) -> int:
 
 def _alias_lines(body: dict[str, Any], *, name: str, history: bool) -> Iterator[str]:
     now = body.get("aliases") or []
+    if body.get("project"):
+        yield f"{name} (project {body['project']})"
     if not now:
         yield f"{name} has no aliases (`farm alias set {name} prod VERSION`)"
     for a in now:
@@ -42,6 +44,8 @@ def _alias_lines(body: dict[str, Any], *, name: str, history: bool) -> Iterator[
                     else f"set to {e['version']}") if e.get("version") else \
                 f"deleted (was {e.get('previous')})"
             who = f"  by {e['actor']}" if e.get("actor") else ""
+            if e.get("project"):
+                who += f" (project {e['project']})"
             yield f"  {when}  {e['alias']}: {move}{who}"
 
 
@@ -90,7 +94,27 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return answer(args, body, lambda b: [title, *_deleted_lines(b)])
 
 
+def project_role(text: str) -> tuple[str, str]:
+    """``--project P=ROLE`` as (project, role)."""
+    project, sep, role = text.partition("=")
+    if not sep or not project or role not in ("reader", "maintainer", "owner"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected PROJECT=ROLE, ROLE one of reader, maintainer, owner "
+            "(e.g. --project payments=maintainer)")
+    return project, role
+
+
+def _token_roles(args: argparse.Namespace) -> tuple[str, dict[str, str] | None]:
+    """(global role, project roles or None): a token given maintainer or
+    owner in a project is a submit token unless --role says otherwise."""
+    projects = dict(args.projects) if args.projects else None
+    role = args.role or ("submit" if projects and set(projects.values()) - {"reader"}
+                         else "read")
+    return role, projects
+
+
 def cmd_token_create(args: argparse.Namespace) -> int:
+    args.role, projects = _token_roles(args)
     if args.db:
         from farm.core.settings import get_settings
         from registry.auth import create_token
@@ -98,20 +122,56 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
         db = Database(get_settings().resolved_database_url(), check=True)
         try:
-            token = create_token(db, args.name, args.role)
+            token = create_token(db, args.name, args.role, projects, by="farm token create --db")
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         finally:
             db.dispose()
     else:
-        token = str(farm_client(args).create_token(args.name, args.role)["token"])
+        token = str(farm_client(args).create_token(args.name, args.role, projects)["token"])
+    roles = ", ".join(f"{r} of {p}" for p, r in (projects or {}).items())
     if args.json:
-        _print_json({"name": args.name, "role": args.role, "token": token})
+        _print_json({"name": args.name, "role": args.role, "projects": projects or {},
+                     "token": token})
     else:
         print(token)
-        print(f"farm: {args.role} token {args.name!r} created; it is shown only this once",
-              file=sys.stderr)
+        print(f"farm: {args.role} token {args.name!r} created"
+              f"{f' ({roles})' if roles else ''}; it is shown only this once", file=sys.stderr)
     return EXIT_OK
+
+
+def _project_lines(projects: list[dict[str, Any]]) -> Iterator[str]:
+    if not projects:
+        yield "no projects (an admin makes one: farm project create NAME)"
+    for p in projects:
+        yield f"{p['project']}  ({p.get('models', 0)} model(s))"
+        for r in p.get("roles") or []:
+            yield f"  {r['role']:<10}  {r['principal']}"
+
+
+def cmd_project_list(args: argparse.Namespace) -> int:
+    return answer(args, farm_client(args).projects(), _project_lines)
+
+
+def cmd_project_create(args: argparse.Namespace) -> int:
+    body = farm_client(args).create_project(args.name, owner=args.owner)
+    return answer(args, body, lambda b: [
+        f"created project {b['project']}"
+        + (f", owned by {b['owner']}" if b.get("owner") else "")
+        + f" (grant roles: farm project grant {b['project']} TOKEN_NAME maintainer)"])
+
+
+def cmd_project_grant(args: argparse.Namespace) -> int:
+    body = farm_client(args).grant(args.project, args.principal, args.role)
+    return answer(args, body, lambda b: [
+        f"{b['principal']} is {b['role']} of {b['project']}"
+        + (f" (was {b['previous']})" if b.get("previous") else "")])
+
+
+def cmd_project_revoke(args: argparse.Namespace) -> int:
+    body = farm_client(args).revoke_role(args.project, args.principal)
+    return answer(args, body, lambda b: [
+        f"{b['principal']} is no longer {b['revoked']} of {b['project']}"])
 
 
 def cmd_cache_salt(args: argparse.Namespace) -> int:
@@ -125,8 +185,9 @@ def _tokens_lines(tokens: list[dict[str, Any]]) -> Iterator[str]:
         yield "no tokens (besides FARM_ADMIN_TOKEN, which is never stored)"
     for t in tokens:
         when = str(t.get("created_at") or "")[:19].replace("T", " ")
-        yield f"{t['name']}  {t['role']}  created {when}" + ("  REVOKED" if t.get("revoked")
-                                                             else "")
+        roles = ", ".join(f"{r} of {p}" for p, r in sorted((t.get("projects") or {}).items()))
+        yield (f"{t['name']}  {t['role']}  created {when}" + (f"  ({roles})" if roles else "")
+               + ("  REVOKED" if t.get("revoked") else ""))
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:

@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "--no-deps"),
         arg("--name", required=True),
         arg("--version", required=True),
+        arg("--project", default=None, metavar="PROJECT",
+            help="the project a new model is made in (default: 'default'); your token must "
+                 "be a maintainer there"),
         arg("--input", "-i", dest="inputs", metavar="SPEC", type=input_spec, action="append",
             required=True,
             help="input spec, once per input, e.g. float32[8,64] or float32[2..64,128]; a "
@@ -272,7 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
     token = group(sub, "token", "manage API tokens", dest="token_command")
     command(token, "create", admin_commands.cmd_token_create, "create a token; it is printed once",
             arg("name", metavar="NAME"),
-            arg("--role", choices=("read", "submit", "admin"), required=True),
+            arg("--role", choices=("read", "submit", "admin"), default=None,
+                help="the global role (default: submit when --project gives maintainer or "
+                     "owner somewhere, else read)"),
+            arg("--project", dest="projects", metavar="PROJECT=ROLE", action="append",
+                type=admin_commands.project_role, default=[],
+                help="a role in a project: reader, maintainer or owner (repeatable); without "
+                     "it a submit token is a maintainer of 'default'"),
             arg("--db", action="store_true",
                 help="write it straight into $DATABASE_URL (on the farm's host, e.g. for the "
                      "first admin token) instead of asking the API with an admin token"))
@@ -281,6 +290,22 @@ def build_parser() -> argparse.ArgumentParser:
     command(token, "revoke", admin_commands.cmd_token_revoke,
             "revoke every token named NAME (admin)",
             arg("name", metavar="NAME"))
+
+    project = group(sub, "project", "projects and who holds which role in them",
+                    dest="project_command")
+    command(project, "list", admin_commands.cmd_project_list,
+            "projects, their model counts and roles")
+    command(project, "create", admin_commands.cmd_project_create, "a new project (admin)",
+            arg("name", metavar="NAME"),
+            arg("--owner", default=None, metavar="TOKEN_NAME",
+                help="make this token name the project's first owner"))
+    command(project, "grant", admin_commands.cmd_project_grant,
+            "give TOKEN_NAME a role in PROJECT (its owner, or an admin)",
+            arg("project", metavar="PROJECT"), arg("principal", metavar="TOKEN_NAME"),
+            arg("role", choices=("reader", "maintainer", "owner")))
+    command(project, "revoke", admin_commands.cmd_project_revoke,
+            "take TOKEN_NAME's role in PROJECT away",
+            arg("project", metavar="PROJECT"), arg("principal", metavar="TOKEN_NAME"))
 
     cache = group(sub, "cache", "the shared compile caches of targets (admin)",
                   dest="cache_command")

@@ -121,6 +121,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                    disable_guard_check=args.disable_guard_check,
                                    regional=args.regional, weights=args.weights),
             targets=tuple(args.targets),
+            project=getattr(args, "project", None),
         )
     except SpecError as exc:
         raise UsageError(str(exc)) from None
@@ -379,12 +380,14 @@ def _models_lines(models: list[dict[str, Any]]) -> Iterator[str]:
         aliases = m.get("aliases") or {}
         alias_text = ", ".join(f"{k}->{v}" for k, v in sorted(aliases.items())) \
             if isinstance(aliases, dict) else ", ".join(map(str, aliases))
-        yield f"{m.get('name')}" + (f"  ({alias_text})" if alias_text else "")
+        project = f"  [project {m['project']}]" if m.get("project") else ""
+        yield f"{m.get('name')}" + (f"  ({alias_text})" if alias_text else "") + project
         for v in m.get("versions") or []:
             # kwargs shown: two versions of one entrypoint may differ by them alone.
             kwargs = json.dumps(v.get("kwargs") or {}, sort_keys=True, separators=(",", ":"))
+            by = f"  by {v['submitted_by']}" if v.get("submitted_by") else ""
             yield (f"  {v.get('version')}  {v.get('entrypoint')}  {kwargs}  "
-                   f"{v.get('artifacts', 0)} artifact(s)")
+                   f"{v.get('artifacts', 0)} artifact(s){by}")
 
 
 def cmd_models(args: argparse.Namespace) -> int:

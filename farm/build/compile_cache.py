@@ -15,8 +15,13 @@ AOTAutograd caches, Triton's compiled kernels. Left out: lock files, and
 ``.best_config`` autotune results (a CUDA artifact ships every one found in
 its cache, ``farm.build.compile.bundle_autotune``: shared ones would bloat it).
 
-Namespaces: ``<prefix>:<sha256(target)[:16]>:<salt>``; two targets never share
-one, and a new salt (``farm cache salt TARGET``) disowns every entry before it.
+Namespaces: ``<prefix>:<sha256(target)[:16]>:<salt>``, then, by default, the
+project's part of it (``scoped_namespace``, ``FARM_COMPILE_CACHE_SCOPE``): two
+targets never share one, nor two projects, and a new salt (``farm cache salt
+TARGET``) disowns every entry before it. A kernel ``.so`` one build planted
+ships inside every later artifact that loads it, and verification on sample
+inputs cannot see what else it does: so only builds of one project, whose
+maintainers could change its models anyway, share entries.
 Torch's own keys already hold the torch version and the configuration; the
 target adds what they do not (the CPU ISA, the thread count, the GPU).
 
@@ -65,6 +70,32 @@ def namespace(target: str, salt: str, *, prefix: str = "farm:ccache",
     if model is not None:
         ns += f":m{hashlib.sha256(model.encode()).hexdigest()[:16]}"
     return ns
+
+
+# FARM_COMPILE_CACHE_SCOPE: who shares a target's cache. "project" (the
+# default): builds of one project only; "model": builds of one model only;
+# "target": every build of the target, across projects (an admin's explicit
+# choice: one project's build can then plant a kernel another's ships).
+SCOPES = ("project", "model", "target")
+
+
+def scoped_namespace(target: str, salt: str, *, scope: str = "project",
+                     project: str | None = None, model: str | None = None,
+                     prefix: str = "farm:ccache") -> str:
+    """The namespace a build of ``model`` (of ``project``; None: ``default``)
+    reads and writes under ``scope``."""
+    scope = (scope or "project").strip().lower()
+    if scope == "target":
+        return namespace(target, salt, prefix=prefix)
+    if scope == "model":
+        if not model:
+            raise ValueError("FARM_COMPILE_CACHE_SCOPE=model needs the build's model name")
+        return namespace(target, salt, prefix=prefix, model=model)
+    if scope == "project":
+        p = hashlib.sha256((project or "default").encode()).hexdigest()[:16]
+        return f"{namespace(target, salt, prefix=prefix)}:p{p}"
+    raise ValueError(f"FARM_COMPILE_CACHE_SCOPE must be one of {', '.join(SCOPES)}; "
+                     f"got {scope!r}")
 
 
 def valid_entry(rel: str) -> bool:

@@ -121,6 +121,9 @@ def build_statement(
         "grad_mode": spec.grad_mode.value,
         "options": spec.options.to_json(),
         "target": str(target),
+        # The model's project (absent: default): part of the build key, so a
+        # node recomputes the key with it.
+        **({"project": spec.project} if spec.project else {}),
         "builder": {"id": builder_id, "keyid": builder_keyid},
         "toolchain": toolchain,
         "built_at": built_at,

@@ -275,18 +275,23 @@ def program_of_spec(spec: Any) -> dict[str, Any]:
 
 
 def version_statement(*, model: str, version: str, program: Mapping[str, Any],
-                      issued_at: str, submitted_by: str | None = None) -> dict[str, Any]:
+                      issued_at: str, submitted_by: str | None = None,
+                      project: str | None = None) -> dict[str, Any]:
+    # Who bound it and in which project: signed, so the history a node or an
+    # auditor reads cannot be rewritten in the database alone.
     return statement(f"{model}@{version}", program_digest(program), VERSION_PREDICATE, {
         "model": model, "version": version, "program": dict(program),
         "issued_at": issued_at, "submitted_by": submitted_by,
+        **({"project": project} if project is not None else {}),
     })
 
 
 def alias_statement(*, model: str, alias: str, version: str, program: Mapping[str, Any],
-                    issued_at: str, set_by: str | None = None) -> dict[str, Any]:
+                    issued_at: str, set_by: str | None = None,
+                    project: str | None = None) -> dict[str, Any]:
     return statement(f"{model}@{alias}", program_digest(program), ALIAS_PREDICATE, {
         "model": model, "alias": alias, "version": version, "issued_at": issued_at,
-        "set_by": set_by,
+        "set_by": set_by, **({"project": project} if project is not None else {}),
     })
 
 

@@ -109,9 +109,12 @@ class Settings(BaseSettings):
     # kept for kernels, apart from the broker's) or a directory several farms
     # of one host share. Empty: REDIS_URL, else FARM_HOME/compile-cache.
     farm_compile_cache_url: str = ""
-    # "target": every build of a target shares; "model": only builds of the
-    # same model name do (a farm whose submitters do not trust each other).
-    farm_compile_cache_scope: str = "target"
+    # Who shares a target's compile cache (farm.build.compile_cache.SCOPES):
+    # "project" (default) only builds of one project; "model" only builds of
+    # one model; "target" every build of the target, across projects (one
+    # project's build can then plant a kernel another project's artifact
+    # ships: an admin's explicit choice, docs/security.md).
+    farm_compile_cache_scope: str = "project"
     client_cache_dir: Path | None = None
     client_cache_max_bytes: int = 10 * 1024**3
     # Node reports (farm.node.reports): off with FARM_REPORTS=0; sent every

@@ -24,6 +24,9 @@ from farm.core.inputs import TensorSpec, canonical_inputs, format_inputs, parse_
 
 _ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+# The project every model belonged to before projects (registry.models.DEFAULT_PROJECT).
+DEFAULT_PROJECT = "default"
+_PROJECT_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -422,8 +425,19 @@ class JobSpec:
     # sha256 hex of the code pack the model's code travels in
     # (farm.core.codepack); None: the entrypoint is installed on the workers.
     code_digest: str | None = None
+    # The project the model belongs to, set by the API from the model's row
+    # (a submitter's request only asks): part of the build key and of the
+    # compile cache's namespace, so no build of one project serves another's.
+    # None: the ``default`` project, whose keys are what they were before
+    # projects existed.
+    project: str | None = None
 
     def __post_init__(self) -> None:
+        if self.project == DEFAULT_PROJECT:
+            object.__setattr__(self, "project", None)
+        if self.project is not None and not _PROJECT_RE.match(self.project):
+            raise SpecError(f"bad project {self.project!r}: a lower-case letter, then "
+                            "lower-case letters, digits, '.', '_' or '-' (at most 64)")
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", self.name):
             raise SpecError(
                 f"bad model name {self.name!r}: letters, digits, '.', '_' and '-', at most 128"
@@ -462,6 +476,8 @@ class JobSpec:
             # Left out when there is none, so specs stored before code packs
             # existed keep their exact JSON.
             data["code_digest"] = self.code_digest
+        if self.project is not None:
+            data["project"] = self.project
         return data
 
     @classmethod
@@ -490,6 +506,7 @@ class JobSpec:
                 targets=tuple(str(t) for t in data.get("targets") or ()),
                 code_digest=None if data.get("code_digest") is None
                 else str(data["code_digest"]),
+                project=None if data.get("project") is None else str(data["project"]),
             )
         except KeyError as exc:
             raise SpecError(f"job spec is missing {exc.args[0]!r}") from None
@@ -524,12 +541,17 @@ def build_key(
     grad_mode: GradMode,
     options: CompileOptions,
     target: str,
+    project: str | None = None,
 ) -> str:
     """Identity of one build: artifacts are deduplicated on it.
 
     ``aot_compile`` output is not byte-reproducible, so builds are keyed by
-    what went in, never by the bytes that came out.
+    what went in, never by the bytes that came out. The project is part of
+    it (all but ``default``, whose keys predate projects): the bytes depend
+    on the project's compile cache, so one project's artifact is never
+    reused as another's.
     """
-    return sha256_text(
-        fingerprint, format_inputs(inputs), grad_mode.value, options.canonical(), target
-    )
+    parts = [fingerprint, format_inputs(inputs), grad_mode.value, options.canonical(), target]
+    if project is not None and project != DEFAULT_PROJECT:
+        parts.append(f"project={project}")
+    return sha256_text(*parts)

@@ -5,6 +5,7 @@ fleet node does on top (submit with code, resolve, verify, fetch, load)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -38,9 +39,35 @@ class FarmAdmin(ApiSession):
             "PUT", f"/v1/models/{quote(model, safe='')}/aliases/{quote(alias, safe='')}",
             json={"version": version}))
 
-    def create_token(self, name: str, role: str) -> dict[str, Any]:
+    def create_token(self, name: str, role: str = "read",
+                     projects: Mapping[str, str] | None = None) -> dict[str, Any]:
         """A new API token (admin only); the answer holds the plaintext, shown once."""
-        return dict(self._request("POST", "/v1/tokens", json={"name": name, "role": role}))
+        body: dict[str, Any] = {"name": name, "role": role}
+        if projects is not None:
+            body["projects"] = dict(projects)
+        return dict(self._request("POST", "/v1/tokens", json=body))
+
+    def projects(self) -> list[dict[str, Any]]:
+        """Every project with its model count and who holds which role."""
+        return list(self._request("GET", "/v1/projects").get("projects") or [])
+
+    def create_project(self, name: str, *, owner: str | None = None) -> dict[str, Any]:
+        """A new project (an admin token); ``owner``: a token name made its owner."""
+        body: dict[str, Any] = {"name": name}
+        if owner:
+            body["owner"] = owner
+        return dict(self._request("POST", "/v1/projects", json=body))
+
+    def grant(self, project: str, principal: str, role: str) -> dict[str, Any]:
+        """Give the token name ``principal`` ``role`` in ``project`` (its owner, or an admin)."""
+        return dict(self._request(
+            "PUT", f"/v1/projects/{quote(project, safe='')}/roles/{quote(principal, safe='')}",
+            json={"role": role}))
+
+    def revoke_role(self, project: str, principal: str) -> dict[str, Any]:
+        """Take ``principal``'s role in ``project`` away."""
+        return dict(self._request(
+            "DELETE", f"/v1/projects/{quote(project, safe='')}/roles/{quote(principal, safe='')}"))
 
     def new_cache_salt(self, target: str) -> dict[str, Any]:
         """A new salt for ``target``'s shared compile cache (admin): disowns its entries."""

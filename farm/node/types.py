@@ -7,7 +7,7 @@ may add keys, and an old farm may lack new ones.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class ArtifactInfo(TypedDict, total=False):
@@ -110,11 +110,13 @@ class AliasEvent(TypedDict):
     version: str | None  # None: deleted
     previous: str | None
     actor: str | None
+    project: NotRequired[str | None]  # the model's project when it moved
     at: str
 
 
 class AliasList(TypedDict, total=False):
     model: str
+    project: str
     aliases: list[AliasNow]
     history: list[AliasEvent]
 
@@ -137,4 +139,5 @@ class TokenInfo(TypedDict):
     name: str
     role: str
     revoked: bool
+    projects: NotRequired[dict[str, str]]  # project -> reader | maintainer | owner
     created_at: str

@@ -240,7 +240,8 @@ def verify_attestation(
     except (SpecError, TargetError, ValueError, TypeError) as exc:
         raise _refuse(f"build statement does not parse: {exc}", "build") from None
     key = build_key(fingerprint=str(p.get("fingerprint")), inputs=built_inputs,
-                    grad_mode=built_mode, options=built_options, target=str(built_target))
+                    grad_mode=built_mode, options=built_options, target=str(built_target),
+                    project=None if p.get("project") is None else str(p.get("project")))
     if p.get("build_key") != key:
         raise _refuse("the build key does not follow from the statement's fingerprint, inputs, "
                       "grad mode, options and target", "build_key")

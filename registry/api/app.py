@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from farm.core.settings import Settings, get_settings
 from registry import dispatch
-from registry.auth import Authenticator, AuthError, bearer_token
+from registry.auth import Authenticator, AuthError, Principal, bearer_token
 from registry.blobstore import BlobStore, open_blob_store
 from registry.db import Database, DatabaseUnavailable
 
@@ -33,6 +33,7 @@ from . import (
     keys,
     lifecycle,
     models,
+    projects,
     reports,
     resolve,
     targets,
@@ -152,7 +153,7 @@ def create_app(
     for router in (jobs.router, code.router, lifecycle.router, models.router, resolve.router,
                    artifacts.router,
                    targets.router, tokens.router, keys.router, health.router,
-                   dashboard.router, cache.router, reports.router):
+                   dashboard.router, cache.router, reports.router, projects.router):
         app.include_router(router)
     # Added innermost first: timing wraps everything, the 413 included.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
@@ -211,9 +212,17 @@ class ReaderCheck:
         hit, principal = self.auth.cached(token)
         if not hit:
             return None
-        return principal is not None and principal.allows("read")
+        return _replayable(principal)
 
     def load(self, header: bytes) -> bool:
         """Look the token up (blocking: call it in a worker thread)."""
         principal = self.auth.load(bearer_token(header.decode("latin-1")))
-        return principal is not None and principal.allows("read")
+        return _replayable(principal)
+
+
+def _replayable(principal: Principal | None) -> bool:
+    """A cached answer goes to farm-wide readers (fleet nodes) and admins; a
+    token confined to its projects takes the full path, which checks the
+    model's project (registry.service.projects)."""
+    return principal is not None and principal.allows("read") and (
+        principal.projects is None or principal.allows("admin"))

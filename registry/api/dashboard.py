@@ -32,7 +32,7 @@ from farm.core.digests import InvalidDigest, validate_digest
 from farm.core.target import Target, TargetError, TargetSelector
 from registry import service
 from registry.auth import ANONYMOUS_ADMIN, AuthError, Principal, bearer_token
-from registry.service import coverage, trust
+from registry.service import coverage, projects, trust
 from registry.service import reports as report_service
 
 from . import dashboard_format as fmt
@@ -159,6 +159,9 @@ def _page(request: Request, build: Page) -> Response:
     except service.NotFound as exc:
         return _html(request, "error.html", {"status": 404, "message": str(exc)},
                      status=404, who=who)
+    except AuthError as exc:  # a model of a project the token may not read
+        return _html(request, "error.html", {"status": exc.status, "message": exc.message},
+                     status=exc.status, who=who)
     except service.InvalidRequest as exc:
         return _html(request, "error.html", {"status": 422, "message": str(exc)},
                      status=422, who=who)
@@ -240,12 +243,12 @@ def stylesheet() -> Response:
 
 @router.get("/")
 def overview(request: Request) -> Response:
-    def build(state: AppState, _: Principal) -> tuple[str, dict[str, Any]]:
+    def build(state: AppState, who: Principal) -> tuple[str, dict[str, Any]]:
         workers = service.live_workers(state.db, max_age_s=state.heartbeat_max_age_s)
         return "overview.html", {
             "counts": service.counts(state.db),
             "jobs": service.list_jobs(state.db, limit=15),
-            "models": service.list_models(state.db),
+            "models": _readable_models(state, who),
             "workers": sorted(workers, key=lambda w: (w["kind"], w["target"] or "", w["id"])),
         }
 
@@ -254,8 +257,12 @@ def overview(request: Request) -> Response:
 
 @router.get("/models")
 def models(request: Request) -> Response:
-    return _page(request, lambda state, _: ("models.html",
-                                            {"models": service.list_models(state.db)}))
+    return _page(request, lambda state, who: ("models.html",
+                                              {"models": _readable_models(state, who)}))
+
+
+def _readable_models(state: AppState, who: Principal) -> list[dict[str, Any]]:
+    return [m for m in service.list_models(state.db) if projects.may_read(who, m.get("project"))]
 
 
 ModelName = Annotated[str, Path(max_length=128)]
@@ -264,8 +271,9 @@ Ref = Annotated[str, Path(max_length=64)]
 
 @router.get("/models/{name}")
 def model(request: Request, name: ModelName) -> Response:
-    def build(state: AppState, _: Principal) -> tuple[str, dict[str, Any]]:
+    def build(state: AppState, who: Principal) -> tuple[str, dict[str, Any]]:
         aliases = service.list_aliases(state.db, name, history=True)  # NotFound: the 404
+        projects.require_read(who, aliases.get("project"))
         found = next(m for m in service.list_models(state.db) if m["name"] == name)
         return "model.html", {"model": found, "aliases": aliases,
                               "jobs": service.list_jobs(state.db, model=name, limit=25)}
@@ -276,7 +284,8 @@ def model(request: Request, name: ModelName) -> Response:
 @router.get("/models/{name}/versions/{version}")
 def version(request: Request, name: ModelName, version: Ref) -> Response:
     """A version's (or an alias's) artifacts, per target, with their attestations."""
-    def build(state: AppState, _: Principal) -> tuple[str, dict[str, Any]]:
+    def build(state: AppState, who: Principal) -> tuple[str, dict[str, Any]]:
+        projects.require_read(who, projects.project_of(state.db, name))
         resolved, records = service.version_candidates(state.db, name, version)
         bindings = trust.bindings_for(state.db, name, resolved, version)
         return "version.html", {

@@ -23,7 +23,7 @@ from farm.core.text import first_line as _first_line
 from registry.auth import AuthError
 from registry.blobstore import BlobNotFound, BlobStoreError
 from registry.db import Conflict, DatabaseUnavailable, SchemaOutOfDate
-from registry.service import InvalidRequest, NotFound
+from registry.service import Clash, InvalidRequest, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ def _retry_later(detail: str) -> JSONResponse:
 # Errors answered with a status and a message and nothing else.
 ANSWERS: tuple[tuple[type[Exception], int, Callable[[Any], str]], ...] = (
     (NotFound, 404, str),
+    (Clash, 409, str),
     (BlobNotFound, 404, str),
     (InvalidRequest, 422, str),
     (SpecError, 422, str),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
 import importlib.util
 import logging
@@ -11,9 +12,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from farm.core.specs import JobSpec, SpecError
+from farm.core.specs import DEFAULT_PROJECT, JobSpec, SpecError
 from registry import service
+from registry.auth import Principal
 from registry.db import Conflict
+from registry.service import projects
 
 from . import names
 from .deps import Reader, State, Submitter
@@ -76,6 +79,10 @@ class JobSpecIn(BaseModel):
     targets: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list, max_length=64,
         description="full targets or selectors (e.g. 'cpu'); empty: every live target")
+    project: str | None = Field(
+        default=None, max_length=64, pattern="^[a-z][a-z0-9._-]{0,63}$",
+        description="the project a new model is made in (default: 'default'); a model's "
+                    "versions stay in its project, and the token must be a maintainer there")
     code_digest: str | None = Field(
         default=None, min_length=64, max_length=64, pattern="^[0-9a-f]{64}$",
         description="sha256 of the code pack uploaded with PUT /v1/code/{digest} "
@@ -98,6 +105,20 @@ class SubmitOut(BaseModel):
     enqueued: bool = Field(description="false when the broker could not be reached: the job "
                                        "is recorded and is sent again by the sweep")
     warning: str | None = None
+
+
+def _in_project(state: AppState, spec: JobSpec, who: Principal | None) -> JobSpec:
+    """The spec with the project its model belongs to (a new model: the one
+    asked for, else ``default``), once ``who`` is a maintainer there."""
+    asked = spec.project or DEFAULT_PROJECT
+    owner = projects.project_of(state.db, spec.name)
+    project = owner or asked
+    if who is not None:
+        projects.require(state.db, who, project, "maintainer")
+    if owner is not None and owner != asked and spec.project is not None:
+        raise service.Clash(f"model {spec.name!r} belongs to project {owner!r}, not {asked!r}: "
+                            "a model name is one project's; pick another name for your model")
+    return dataclasses.replace(spec, project=project)
 
 
 def module_missing(entrypoint: str) -> str | None:
@@ -131,12 +152,15 @@ def module_missing(entrypoint: str) -> str | None:
     return None
 
 
-def accept_job(state: AppState, spec: JobSpec, *,
-               submitted_by: str | None) -> tuple[str, bool, str | None]:
-    """Take a job the way ``POST /v1/jobs`` does (code check, targets, version
-    binding, commit, then enqueue): ``(job id, enqueued, warning)``. Build on
-    miss and ``farm plan --submit`` submit through here too, so their jobs
-    are checked, signed and deduplicated (by build key) like any other."""
+def accept_job(state: AppState, spec: JobSpec, *, submitted_by: str | None,
+               who: Principal | None = None) -> tuple[str, bool, str | None]:
+    """Take a job the way ``POST /v1/jobs`` does (project role, code check,
+    targets, version binding, commit, then enqueue): ``(job id, enqueued,
+    warning)``. Build on miss and ``farm plan --submit`` submit through here
+    too, so their jobs are checked, signed and deduplicated (by build key)
+    like any other. ``who``: the token asking (None: the farm itself, build
+    on miss, which a project's policy allowed)."""
+    spec = _in_project(state, spec, who)
     # The API never imports the model's code. Shipped code is checked by the
     # trace stage, in seconds (module, callable, kwargs); code said to be
     # installed must at least be found here, where the farm runs.
@@ -165,11 +189,13 @@ def accept_job(state: AppState, spec: JobSpec, *,
     try:
         names.check_version(state, spec)
         try:
-            job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=submitted_by)
+            job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=submitted_by,
+                                        project=spec.project)
         except Conflict:
             # Two first submissions of one model raced to create its row; the
             # loser's retry finds it.
-            job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=submitted_by)
+            job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=submitted_by,
+                                        project=spec.project)
     except service.InvalidRequest as exc:
         # The version exists with another program: a conflict, not a bad request.
         raise HTTPException(409, str(exc)) from None
@@ -195,12 +221,14 @@ def accept_job(state: AppState, spec: JobSpec, *,
 @router.post("", status_code=201, response_model=SubmitOut,
              responses={422: err("malformed spec, an entrypoint that does not import, or no "
                                  "target to build for"),
+                        403: err("the token is no maintainer of the model's project"),
                         409: err("the version exists with another program (entrypoint, "
-                                 "kwargs or code) and has builds that did not fail"),
+                                 "kwargs or code) and has builds that did not fail; or it is "
+                                 "named like an alias; or the model is another project's"),
                         413: err("body over MAX_BODY_BYTES")})
 def submit_job(body: JobSpecIn, state: State, who: Submitter, response: Response) -> SubmitOut:
     spec = JobSpec.from_json(body.model_dump(exclude_none=True))
-    job_id, enqueued, warning = accept_job(state, spec, submitted_by=who.name)
+    job_id, enqueued, warning = accept_job(state, spec, submitted_by=who.name, who=who)
     view = service.job_view(state.db, job_id)
     response.headers["Location"] = f"/v1/jobs/{job_id}"
     return SubmitOut(

@@ -13,7 +13,7 @@ from typing import Any
 
 from farm.core import attest
 from farm.core.attest import program_of_spec
-from farm.core.specs import JobSpec
+from farm.core.specs import DEFAULT_PROJECT, JobSpec
 from registry import service
 from registry.db import Conflict
 from registry.service import trust
@@ -63,7 +63,8 @@ def bind_version(state: AppState, spec: JobSpec, *, submitted_by: str | None) ->
     if _own_program(state, spec.name, spec.version) == program:
         return
     envelope = state.signer.sign_version(model=spec.name, version=spec.version,
-                                         program=program, submitted_by=submitted_by)
+                                         program=program, submitted_by=submitted_by,
+                                         project=spec.project or DEFAULT_PROJECT)
     try:
         trust.put_binding(state.db, model=spec.name, kind=trust.VERSION, ref=spec.version,
                           version=spec.version, envelope=envelope)
@@ -75,7 +76,7 @@ def bind_version(state: AppState, spec: JobSpec, *, submitted_by: str | None) ->
 
 
 def bind_alias(state: AppState, model: str, alias: str, version: str, *,
-               set_by: str | None) -> None:
+               set_by: str | None, project: str | None = None) -> None:
     program = _own_program(state, model, version)
     if program is None:
         # An unknown version is a 404, not this.
@@ -89,7 +90,7 @@ def bind_alias(state: AppState, model: str, alias: str, version: str, *,
             "before attestation, or by another key): submit the version again to bind it, "
             "then set the alias")
     envelope = state.signer.sign_alias(model=model, alias=alias, version=version,
-                                       program=program, set_by=set_by)
+                                       program=program, set_by=set_by, project=project)
     try:
         trust.put_binding(state.db, model=model, kind=trust.ALIAS, ref=alias, version=version,
                           envelope=envelope)

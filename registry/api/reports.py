@@ -14,7 +14,7 @@ from farm.core.inputs import format_inputs, parse_inputs
 from farm.core.specs import CompileOptions, JobSpec, SpecError
 from farm.core.target import Target, TargetError, TargetSelector
 from registry import service
-from registry.service import coverage
+from registry.service import coverage, projects
 from registry.service import miss_builds as mb
 from registry.service import reports as report_service
 
@@ -148,10 +148,14 @@ def get_policy(name: ModelName, state: State, _: Reader) -> dict[str, Any]:
     return mb.get_policy(state.db, name)
 
 
-@router.put("/v1/models/{name}/policy", responses={404: err("no such model")})
+@router.put("/v1/models/{name}/policy",
+            responses={403: err("the token is no maintainer of the model's project"),
+                       404: err("no such model")})
 def put_policy(name: ModelName, body: PolicyIn, state: State,
                who: Submitter) -> dict[str, Any]:
-    """Set the model's policy (``farm policy set MODEL --build-on-miss``)."""
+    """Set the model's policy (``farm policy set MODEL --build-on-miss``): a
+    maintainer of the model's project (build on miss starts its builds)."""
+    projects.require_on_model(state.db, who, name, "maintainer")
     out = mb.set_policy(state.db, name, build_on_miss=body.build_on_miss,
                         min_interval_s=body.min_interval_s, actor=who.name,
                         default_interval_s=state.settings.farm_miss_build_interval_s)
@@ -214,7 +218,7 @@ async def submit_plan(body: PlanIn, state: State, who: Submitter) -> dict[str, A
                            targets=tuple(b.target for b in builds),
                            code_digest=base.code_digest)
             try:
-                job_id, enqueued, warning = accept_job(state, spec, submitted_by=who.name)
+                job_id, enqueued, warning = accept_job(state, spec, submitted_by=who.name, who=who)
             except Exception as exc:
                 jobs.append({**first.to_json(), "error": f"{type(exc).__name__}: {exc}"})
                 continue

@@ -30,7 +30,7 @@ from farm.core.specs import CompileOptions, GradMode, MeshLayout, SpecError
 from farm.core.target import Target
 from registry import resolver, service
 from registry.entities import FORMATS, ArtifactRecord
-from registry.service import resolve_reads
+from registry.service import projects, resolve_reads
 
 from .deps import Reader, State
 from .schemas import (
@@ -161,7 +161,7 @@ async def artifact_out(state: AppState, request: Request, cands: Candidates,
 async def resolve(
     request: Request,
     state: State,
-    _: Reader,
+    who: Reader,
     model: Annotated[str, Query(max_length=128, description="model name",
                                 json_schema_extra={"pattern": NAME_PATTERN})],
     target: Annotated[str, Query(max_length=512, description="the node's full target string",
@@ -197,6 +197,10 @@ async def resolve(
     provides = parse_libstdcxx(libstdcxx)
     node_layout = parse_layout(layout)
 
+    if who.projects is not None and not who.allows("admin"):
+        # A token confined to its projects (one with project roles): the
+        # model's project decides. Farm-wide readers (fleet nodes) skip this.
+        projects.require_read(who, await run_in_threadpool(projects.project_of, state.db, model))
     key = (model, ref)
     hit, cached = state.candidates.peek(key)
     if not hit:

@@ -65,15 +65,16 @@ class NameSigner:
         log.info("signing names with key %s (%s)", self.keyid[:16], where)
 
     def sign_version(self, *, model: str, version: str, program: dict[str, Any],
-                     submitted_by: str | None) -> str:
+                     submitted_by: str | None, project: str | None = None) -> str:
         stmt = attest.version_statement(model=model, version=version, program=program,
-                                        issued_at=attest.now_iso(), submitted_by=submitted_by)
+                                        issued_at=attest.now_iso(), submitted_by=submitted_by,
+                                        project=project)
         return _text(attest.sign_statement(self._key, stmt))
 
     def sign_alias(self, *, model: str, alias: str, version: str, program: dict[str, Any],
-                   set_by: str | None) -> str:
+                   set_by: str | None, project: str | None = None) -> str:
         stmt = attest.alias_statement(model=model, alias=alias, version=version, program=program,
-                                      issued_at=attest.now_iso(), set_by=set_by)
+                                      issued_at=attest.now_iso(), set_by=set_by, project=project)
         return _text(attest.sign_statement(self._key, stmt))
 
     def read_own(self, envelope: str, predicate_type: str) -> attest.Statement:

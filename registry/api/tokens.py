@@ -20,8 +20,15 @@ class TokenIn(BaseModel):
 
     name: str = Field(min_length=1, max_length=128, description="who or what holds it")
     role: Literal["read", "submit", "admin"] = Field(
+        default="read",
         description="read: resolve and download (fleet nodes); submit: also submit jobs "
-                    "and set aliases; admin: also create tokens")
+                    "and set aliases where the token is a project maintainer; admin: "
+                    "everything, in every project")
+    projects: dict[Annotated[str, Field(max_length=64, pattern="^[a-z][a-z0-9._-]{0,63}$")],
+                   Literal["reader", "maintainer", "owner"]] | None = Field(
+        default=None, max_length=64, examples=[{"payments": "maintainer"}],
+        description="roles in projects; omitted: a submit token is a maintainer of "
+                    "'default', a read token reads every project")
 
     @field_validator("name")
     @classmethod
@@ -35,8 +42,13 @@ class TokenIn(BaseModel):
 @router.post("", status_code=201)
 def create_token(body: TokenIn, state: State, who: Admin) -> dict[str, Any]:
     """A new token; the response is the only time it is shown (the farm keeps its hash)."""
-    token = auth.create_token(state.db, body.name, body.role)
-    return {"name": body.name.strip(), "role": body.role, "token": token, "created_by": who.name}
+    try:
+        token = auth.create_token(state.db, body.name, body.role, body.projects, by=who.name)
+    except ValueError as exc:
+        raise service.NotFound(str(exc)) from None
+    state.auth.forget()
+    return {"name": body.name.strip(), "role": body.role, "token": token,
+            "projects": auth.list_roles(state.db, body.name.strip()), "created_by": who.name}
 
 
 @router.get("")

@@ -24,6 +24,7 @@ from registry.service.builds import (
 from registry.service.common import (
     LOG_LIMIT,
     TERMINAL_BUILD_STATES,
+    Clash,
     InvalidRequest,
     NotFound,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "LOG_LIMIT",
     "TERMINAL_BUILD_STATES",
     "ClaimDecision",
+    "Clash",
     "CompileDispatch",
     "Deleted",
     "InvalidRequest",

@@ -20,6 +20,11 @@ class InvalidRequest(ValueError):
     """A request that is well-formed but cannot be served; the message says why."""
 
 
+class Clash(ValueError):
+    """A name that would shadow another (a version named like an alias of its
+    model, an alias like a version): refused with 409; the message says which."""
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 

@@ -19,9 +19,18 @@ from farm.core.specs import JobSpec, build_key, canonical_json
 from farm.core.target import Target
 from registry import models as m
 from registry.db import Database
+from registry.models import DEFAULT_PROJECT
 from registry.service.builds import _copy_metrics, _link_version, _settle_job
-from registry.service.common import TERMINAL_BUILD_STATES, InvalidRequest, NotFound, _clip, _now
+from registry.service.common import (
+    TERMINAL_BUILD_STATES,
+    Clash,
+    InvalidRequest,
+    NotFound,
+    _clip,
+    _now,
+)
 from registry.service.fleet import _worker_is_live
+from registry.service.projects import ensure_project
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +73,32 @@ def version_rebind_blocker(db: Database, name: str, version: str) -> str | None:
         return None if v is None else _rebind_blocker(s, v)
 
 
-def _get_or_create_version(s: Session, spec: JobSpec) -> m.ModelVersion:
+def _get_or_create_version(s: Session, spec: JobSpec,
+                           project: str | None = None) -> m.ModelVersion:
     model = s.scalar(select(m.Model).where(m.Model.name == spec.name))
     if model is None:
-        model = m.Model(name=spec.name)
+        ensure_project(s, project or DEFAULT_PROJECT)
+        model = m.Model(name=spec.name, project=project or DEFAULT_PROJECT)
         s.add(model)
         s.flush()
+    elif project is not None and model.project != project:
+        raise Clash(f"model {spec.name!r} belongs to project {model.project!r}, not "
+                    f"{project!r}: a model name is the farm's, one project's; pick another "
+                    "name for your model")
     version = s.scalar(
         select(m.ModelVersion).where(
             m.ModelVersion.model_id == model.id, m.ModelVersion.version == spec.version
         ).with_for_update()
     )
     mj = spec.model.to_json()
+    if version is None and s.scalar(select(m.Alias.id).where(m.Alias.model_id == model.id,
+                                                             m.Alias.name == spec.version)):
+        # A ref names a version before an alias: this version would take over
+        # every node that asks for the alias, without the alias moving.
+        raise Clash(f"version {spec.version!r} is also an alias of {spec.name!r}: a version "
+                    "named like an alias would shadow it (nodes asking for "
+                    f"{spec.name}@{spec.version} would get this build); pick another version "
+                    "name")
     if version is None:
         version = m.ModelVersion(
             model_id=model.id,
@@ -107,7 +130,8 @@ def _get_or_create_version(s: Session, spec: JobSpec) -> m.ModelVersion:
 
 
 def submit_job(
-    db: Database, spec: JobSpec, *, targets: Sequence[Target], submitted_by: str | None = None
+    db: Database, spec: JobSpec, *, targets: Sequence[Target], submitted_by: str | None = None,
+    project: str | None = None,
 ) -> str:
     """Record a job and one pending build per target; returns the job id.
 
@@ -118,7 +142,7 @@ def submit_job(
         raise InvalidRequest("a job needs at least one target")
     job_id = str(uuid.uuid4())
     with db.session() as s:
-        version = _get_or_create_version(s, spec)
+        version = _get_or_create_version(s, spec, project)
         job = m.Job(
             id=job_id,
             version_id=version.id,
@@ -266,6 +290,7 @@ def _apply_trace(s: Session, job: m.Job, report: dict[str, Any]) -> list[Compile
             grad_mode=spec.grad_mode,
             options=spec.options,
             target=b.target,
+            project=spec.project,
         )
         b.build_key = key
         arts = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()

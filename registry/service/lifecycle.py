@@ -164,8 +164,9 @@ def set_build_stage(db: Database, build_key: str, stage: str) -> None:
 
 def record_alias_event(s: Session, *, model: str, alias: str, version: str | None,
                        previous: str | None, actor: str | None) -> None:
+    project = s.scalar(select(m.Model.project).where(m.Model.name == model))
     s.add(m.AliasEvent(model=model, alias=alias, version=version, previous=previous,
-                       actor=actor))
+                       actor=actor, project=project))
 
 
 def list_aliases(db: Database, name: str, *, history: bool = True) -> dict[str, Any]:
@@ -178,11 +179,11 @@ def list_aliases(db: Database, name: str, *, history: bool = True) -> dict[str, 
                 "updated_at": _iso(a.updated_at)}
                for a in s.scalars(select(m.Alias).where(m.Alias.model_id == model.id)
                                   .order_by(m.Alias.name))]
-        out: dict[str, Any] = {"model": name, "aliases": now}
+        out: dict[str, Any] = {"model": name, "project": model.project, "aliases": now}
         if history:
             out["history"] = [
                 {"alias": e.alias, "version": e.version, "previous": e.previous,
-                 "actor": e.actor, "at": _iso(e.created_at)}
+                 "actor": e.actor, "project": e.project, "at": _iso(e.created_at)}
                 for e in s.scalars(select(m.AliasEvent).where(m.AliasEvent.model == name)
                                    .order_by(m.AliasEvent.created_at.desc(),
                                              m.AliasEvent.id.desc()).limit(1000))]

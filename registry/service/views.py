@@ -18,7 +18,7 @@ from registry import models as m
 from registry.convert import artifact_to_record
 from registry.db import Database
 from registry.entities import ArtifactRecord
-from registry.service.common import NotFound
+from registry.service.common import Clash, NotFound
 from registry.service.lifecycle import (
     find_job_id,
     model_row,
@@ -163,6 +163,13 @@ def set_alias(db: Database, name: str, alias: str, version: str, *,
     with db.session() as s:
         model = model_row(s, name)
         v = version_row(s, model, version)
+        if s.scalar(select(m.ModelVersion.id).where(m.ModelVersion.model_id == model.id,
+                                                    m.ModelVersion.version == alias)):
+            # A ref names a version before an alias: this alias could never be
+            # used, and would hide what a node asking for it gets.
+            raise Clash(f"alias {alias!r} is also a version of {name!r}: a version name "
+                        "always wins, so the alias could never be used; pick another alias "
+                        "name")
         row = s.scalar(select(m.Alias).where(m.Alias.model_id == model.id, m.Alias.name == alias))
         previous: str | None = None
         if row is None:
@@ -191,6 +198,13 @@ def list_models(db: Database) -> list[dict[str, Any]]:
                 a.name: by_id.get(a.version_id)
                 for a in s.scalars(select(m.Alias).where(m.Alias.model_id == model.id))
             }
+            # Who bound each version: its first job's submitter.
+            submitted_by: dict[int, str | None] = {}
+            for vid, who in s.execute(
+                    select(m.Job.version_id, m.Job.submitted_by)
+                    .where(m.Job.version_id.in_(list(by_id)))
+                    .order_by(m.Job.created_at, m.Job.id)):
+                submitted_by.setdefault(vid, who)
             vs = []
             for v in versions:
                 n = s.scalar(
@@ -205,10 +219,12 @@ def list_models(db: Database) -> list[dict[str, Any]]:
                         "kwargs": v.kwargs,
                         "kind": v.kind,
                         "artifacts": n,
+                        "submitted_by": submitted_by.get(v.id),
                         "created_at": _iso(v.created_at),
                     }
                 )
-            out.append({"name": model.name, "versions": vs, "aliases": aliases})
+            out.append({"name": model.name, "project": model.project, "versions": vs,
+                        "aliases": aliases})
         return out
 
 

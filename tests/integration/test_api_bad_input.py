@@ -192,7 +192,7 @@ def test_unknown_model_or_alias(seeded: Api) -> None:
     seeded.post("/v1/jobs", json=spec_json(version="beta"))
     before = row_counts(seeded.db)
     r = seeded.put("/v1/models/tiny/aliases/beta", json={"version": "1"})
-    refused(seeded, r, 422, "also a version", before=before)
+    refused(seeded, r, 409, "also a version", before=before)
     r = seeded.put("/v1/models/tiny/aliases/prod", json={"v": "1"})
     refused(seeded, r, 422, "version", before=before)
     refused(seeded, seeded.get("/v1/jobs/not-a-job"), 404, "no job not-a-job", before=before)

@@ -184,3 +184,69 @@ def test_alembic_command_line_uses_the_shipped_ini(sqlite_url: str) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert current_revision(sqlite_url) == head_revision()
+
+
+def test_projects_migration_keeps_existing_data(empty_db_url: str) -> None:
+    """0009 (projects): what a farm built before it is all still there, in the
+    ``default`` project; tokens that could write keep writing there; an alias
+    a version shadowed is renamed, and the history says so."""
+    upgrade(empty_db_url, "0008")
+    engine = make_engine(empty_db_url)
+    now = "2026-12-01 00:00:00"
+    try:
+        with engine.begin() as c:
+            for i, (name, role, revoked) in enumerate([
+                    ("fleet", "read", False), ("ci", "submit", False), ("ops", "admin", False),
+                    ("gone", "submit", True), ("ci", "read", False)]):
+                c.execute(text("INSERT INTO api_tokens (name, token_hash, role, revoked, "
+                               "created_at) VALUES (:n, :h, :r, :rv, :t)"),
+                          {"n": name, "h": f"{i:064d}", "r": role, "rv": revoked, "t": now})
+            c.execute(text("INSERT INTO models (id, name, created_at) VALUES "
+                           "(1, 'payments', :t), (2, 'tiny', :t)"), {"t": now})
+            for vid, mid, version in [(1, 1, "1"), (2, 1, "2"), (3, 2, "1")]:
+                c.execute(text("INSERT INTO model_versions (id, model_id, version, entrypoint, "
+                               "kwargs, kind, created_at) VALUES (:id, :m, :v, 'farm.zoo.mlp:make',"
+                               " '{}', 'factory', :t)"), {"id": vid, "m": mid, "v": version,
+                                                          "t": now})
+            # "prod" is a plain alias; "2" is shadowed by version 2 (dead, and the
+            # takeover the issue describes).
+            for aid, name, vid in [(1, "prod", 1), (2, "2", 1)]:
+                c.execute(text("INSERT INTO aliases (id, model_id, name, version_id, updated_at) "
+                               "VALUES (:id, 1, :n, :v, :t)"), {"id": aid, "n": name, "v": vid,
+                                                               "t": now})
+            c.execute(text("INSERT INTO name_bindings (model, kind, ref, version, envelope, "
+                           "issued_at) VALUES ('payments', 'alias', '2', '1', '{}', :t), "
+                           "('payments', 'alias', 'prod', '1', '{}', :t)"), {"t": now})
+    finally:
+        engine.dispose()
+
+    upgrade(empty_db_url)
+
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.connect() as c:
+            assert c.execute(text("SELECT name, project FROM models ORDER BY id")).all() == [
+                ("payments", "default"), ("tiny", "default")]
+            assert c.execute(text("SELECT count(*) FROM model_versions")).scalar() == 3
+            assert c.execute(text("SELECT count(*) FROM api_tokens")).scalar() == 5
+            roles = c.execute(text("SELECT project, principal, role FROM project_roles "
+                                   "ORDER BY principal")).all()
+            # fleet (read only) stays a farm-wide reader: no role; a revoked token none.
+            assert roles == [("default", "ci", "maintainer"), ("default", "ops", "owner")]
+            aliases = c.execute(text("SELECT a.name, v.version FROM aliases a JOIN "
+                                     "model_versions v ON v.id = a.version_id "
+                                     "ORDER BY a.name")).all()
+            assert aliases == [("2-alias", "1"), ("prod", "1")]
+            assert c.execute(text("SELECT ref FROM name_bindings WHERE kind = 'alias'")
+                             ).scalars().all() == ["prod"]
+            events = c.execute(text("SELECT alias, version, previous, actor FROM alias_events "
+                                    "ORDER BY id")).all()
+            assert [(a, v, p) for a, v, p, _ in events] == [("2", None, "1"),
+                                                             ("2-alias", "1", None)]
+            assert "shadowed by version '2'" in events[0][3]
+    finally:
+        engine.dispose()
+
+    downgrade(empty_db_url, "0008")
+    assert "projects" not in _tables(empty_db_url)
+    upgrade(empty_db_url)

@@ -8,6 +8,7 @@ import base64
 import copy
 import hashlib
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,7 @@ class Farm:
               target: Target = CPU, digest: str = "a" * 64, size: int = 1234,
               fmt: str = "aoti", fingerprint: str = "f" * 64) -> dict[str, Any]:
         bk = build_key(fingerprint=fingerprint, inputs=spec.inputs, grad_mode=spec.grad_mode,
-                       options=spec.options, target=str(target))
+                       options=spec.options, target=str(target), project=spec.project)
         signer = BuildSigner(key or self.builder, builder_id="host:1")
         return json.loads(signer.sign(digest=digest, size=size, fmt=fmt, build_key=bk,
                                       fingerprint=fingerprint, spec=spec, target=target,
@@ -271,6 +272,28 @@ def test_build_key_must_follow_from_the_statement(farm: Farm) -> None:
     resigned = attest.sign_statement(farm.builder, stmt)
     refused("build_key", {"build": resigned, "version": farm.version_env(spec)}, farm.trust(),
             req())
+
+
+def test_a_projects_build_key_holds_its_project(farm: Farm) -> None:
+    """Another project's build of the same graph has another key; the node
+    recomputes it from the signed project, so dropping (or changing) the
+    project in the statement is refused."""
+    spec = replace(farm.spec(), project="team-b")
+    built = farm.build(spec)
+    v = verify_attestation({"build": built, "version": farm.version_env(spec)}, farm.trust(),
+                           req())
+    assert v.build["project"] == "team-b"
+    assert v.build["build_key"] != json.loads(base64.b64decode(
+        farm.build(farm.spec())["payload"]))["predicate"]["build_key"]
+    for project in (None, "team-a"):
+        stmt = json.loads(base64.b64decode(built["payload"]))
+        if project is None:
+            del stmt["predicate"]["project"]
+        else:
+            stmt["predicate"]["project"] = project
+        resigned = attest.sign_statement(farm.builder, stmt)
+        refused("build_key", {"build": resigned, "version": farm.version_env(spec)},
+                farm.trust(), req())
 
 
 def test_trust_list(farm: Farm) -> None:

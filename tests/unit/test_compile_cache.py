@@ -80,3 +80,18 @@ def test_the_store_goes_where_farm_compile_cache_url_says(tmp_path: Path) -> Non
         open_store(mode="redis", redis_url=url, farm_home=home, url=str(tmp_path))
     with pytest.raises(ValueError, match="does not fit"):
         open_store(mode="dir", redis_url=url, farm_home=home, url=url)
+
+
+def test_scoped_namespaces_are_per_project_by_default() -> None:
+    from farm.build.compile_cache import scoped_namespace
+
+    a = scoped_namespace(A, "0", project="team-a", model="m")
+    assert a == scoped_namespace(A, "0", scope="project", project="team-a", model="other")
+    assert a != scoped_namespace(A, "0", project="team-b", model="m")
+    # default is a project too, not the old target-wide namespace.
+    assert scoped_namespace(A, "0") == scoped_namespace(A, "0", project="default")
+    assert scoped_namespace(A, "0") != namespace(A, "0")
+    assert scoped_namespace(A, "0", scope="target", project="team-a") == namespace(A, "0")
+    assert scoped_namespace(A, "0", scope="model", model="m") == namespace(A, "0", model="m")
+    with pytest.raises(ValueError, match="project, model, target"):
+        scoped_namespace(A, "0", scope="everyone")
