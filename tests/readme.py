@@ -66,8 +66,10 @@ def blocks(text: str) -> list[Block]:
         prev = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
         mm = _MARKER.match(prev.strip())
         if mm:
-            marker = {k: (q if q is not None and v.startswith('"') else v)
-                      for k, v, q in _MARKER_ARG.findall(mm.group(1))}
+            marker = {
+                k: (q if q is not None and v.startswith('"') else v)
+                for k, v, q in _MARKER_ARG.findall(mm.group(1))
+            }
         out.append(Block(lang, "\n".join(body) + "\n", start + 1, marker))
         i += 1
     return out
@@ -150,8 +152,12 @@ def farm_commands(text: str, name: str = "README.md") -> list[Command]:
             if b.lang == "text":
                 # The CLI summary: commands side by side, no shell syntax.
                 # Each "farm" starts a command; "|" between two is prose.
-                words = [w2 for w in line.split() if w != "|"
-                         for w2 in ((";", w) if w == "farm" else (w,))]
+                words = [
+                    w2
+                    for w in line.split()
+                    if w != "|"
+                    for w2 in ((";", w) if w == "farm" else (w,))
+                ]
             else:
                 try:
                     words = shlex.split(line, comments=True)
@@ -219,8 +225,9 @@ def check_command(parser: argparse.ArgumentParser, cmd: Command) -> list[str]:
     return problems
 
 
-def run_block(block: Block, cwd: Path, env: Mapping[str, str], *, python: str,
-              timeout: float) -> subprocess.CompletedProcess[str] | None:
+def run_block(
+    block: Block, cwd: Path, env: Mapping[str, str], *, python: str, timeout: float
+) -> subprocess.CompletedProcess[str] | None:
     """Run one marked block as the README says (or write it, ``file=``);
     raises AssertionError with its output when it fails."""
     assert block.marker is not None
@@ -235,14 +242,18 @@ def run_block(block: Block, cwd: Path, env: Mapping[str, str], *, python: str,
         argv, stdin = [python, "-"], block.text
     else:
         raise AssertionError(f"README.md:{block.line}: cannot run a {block.lang!r} block")
-    r = subprocess.run(argv, cwd=cwd, env=dict(env), input=stdin, capture_output=True,
-                       text=True, timeout=timeout)
-    shown = f"README.md:{block.line} ({block.lang}):\n{block.text}\n--- stdout\n{r.stdout}" \
-            f"\n--- stderr\n{r.stderr[-6000:]}"
+    r = subprocess.run(
+        argv, cwd=cwd, env=dict(env), input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+    shown = (
+        f"README.md:{block.line} ({block.lang}):\n{block.text}\n--- stdout\n{r.stdout}"
+        f"\n--- stderr\n{r.stderr[-6000:]}"
+    )
     assert r.returncode == 0, f"exit {r.returncode}: {shown}"
     want = block.marker.get("stdout")
     if want:
         lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
-        assert lines and all(ln.split()[0] == want for ln in lines), \
+        assert lines and all(ln.split()[0] == want for ln in lines), (
             f"every stdout line should start with {want!r}: {shown}"
+        )
     return r

@@ -22,16 +22,21 @@ def test_every_farm_command_in_the_readme_exists_with_its_options() -> None:
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize(("text", "problem"), [
-    ("```bash\nfarm sumbit ./m.py:make\n```\n", "no command 'farm sumbit'"),
-    ("```bash\nfarm submit ./m.py:make --nmae x\n```\n", "'farm submit' has no option --nmae"),
-    ("```bash\nfarm alias sett m prod 1\n```\n", "no command 'farm alias sett'"),
-    ("```bash\nexport A=1 && FARM_HOME=/x farm serv\n```\n", "no command 'farm serv'"),
-    ("```text\nfarm jobs [--state S]   farm models --bogus\n```\n",
-     "'farm models' has no option --bogus"),
-    ("see `farm resolve m --inptu x`\n", "'farm resolve' has no option --inptu"),
-    ("```bash\nfarm submit m:make \\\n    --wiat\n```\n", "'farm submit' has no option --wiat"),
-])
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("```bash\nfarm sumbit ./m.py:make\n```\n", "no command 'farm sumbit'"),
+        ("```bash\nfarm submit ./m.py:make --nmae x\n```\n", "'farm submit' has no option --nmae"),
+        ("```bash\nfarm alias sett m prod 1\n```\n", "no command 'farm alias sett'"),
+        ("```bash\nexport A=1 && FARM_HOME=/x farm serv\n```\n", "no command 'farm serv'"),
+        (
+            "```text\nfarm jobs [--state S]   farm models --bogus\n```\n",
+            "'farm models' has no option --bogus",
+        ),
+        ("see `farm resolve m --inptu x`\n", "'farm resolve' has no option --inptu"),
+        ("```bash\nfarm submit m:make \\\n    --wiat\n```\n", "'farm submit' has no option --wiat"),
+    ],
+)
 def test_a_wrong_command_or_option_is_found(text: str, problem: str) -> None:
     parser = build_parser()
     problems = [p for c in readme.farm_commands(text) for p in readme.check_command(parser, c)]
@@ -39,8 +44,10 @@ def test_a_wrong_command_or_option_is_found(text: str, problem: str) -> None:
 
 
 def test_heredocs_and_what_follows_farm_run_are_not_commands() -> None:
-    text = ("```bash\ncat > a.py <<'PY'\nfarm nonsense --x\nPY\n"
-            "farm run -- python train.py --epochs 3\n```\n")
+    text = (
+        "```bash\ncat > a.py <<'PY'\nfarm nonsense --x\nPY\n"
+        "farm run -- python train.py --epochs 3\n```\n"
+    )
     commands = readme.farm_commands(text)
     assert [c.words[0] for c in commands] == ["run"]
     assert not readme.check_command(build_parser(), commands[0])
