@@ -44,7 +44,8 @@ SHARED_FARMS = {
     **{f"tests/integration/{name}.py": "farm" for name in (
         "test_pipeline_recovery", "test_programs", "test_structured_inputs",
         "test_training", "test_tensor_parallel", "test_fake_weights_farm",
-        "test_fleet_feedback", "test_everyday_node", "test_byom_wheels", "test_dashboard")},
+        "test_fleet_feedback", "test_everyday_node", "test_byom_wheels", "test_dashboard",
+        "test_readme")},
 }
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from farm.app import admin_commands, agent_commands, fleet_commands, trust_commands
+from farm.app import admin_commands, agent_commands, fleet_commands, pin_commands, trust_commands
 from farm.app import commands as cmd
 from farm.app.console import (
     EXIT_FAILURE,
@@ -316,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
             arg("--output", "-o", type=Path, default=None, metavar="FILE",
                 help="also write the signed envelope here"),
             arg("--no-upload", action="store_true", help="only sign (with --output)"))
+
+    pin_commands.add_parsers(sub)
 
     command(sub, "verify", trust_commands.cmd_verify,
             "check a fetched file and its attestation, loading nothing",

@@ -293,7 +293,8 @@ def _resolve(args: argparse.Namespace, client: Any) -> dict[str, Any]:
 
 LOAD_HINT = """\
 load it on a node with the same target (its module supplies the weights; the
-attestation beside the file is checked against FARM_ROOT_KEY first):
+attestation beside the file is checked first against the farm's root public key,
+FARM_ROOT_KEY: an embedded farm's is FARM_HOME/root-key.pem.pub):
   from farm.node.loader import load_artifact
   fn = load_artifact("{path}", "{format}", module=model)   # model: your nn.Module, eval()
   with torch.no_grad():                                    # {grad_mode} artifact

@@ -1,0 +1,110 @@
+"""The README's quick start, run as written against a real farm.
+
+Its blocks marked ``<!-- test -->`` (tests/readme.py) run in README order in
+a fresh directory outside the checkout, in a shell whose environment is
+activated as the README says (``source .venv/bin/activate``: the virtual
+environment's ``bin`` first on PATH, ``VIRTUAL_ENV`` set) and whose
+``FARM_URL`` points at the session farm, as the README's ``export`` line
+does. A command, option, output or snippet that the code no longer takes
+fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import readme
+from tests.fixtures.farm import Farm
+from tests.slowdown import scaled
+
+pytestmark = pytest.mark.integration
+
+
+def _activated(env: dict[str, str]) -> dict[str, str]:
+    """What ``source .venv/bin/activate`` does to the environment."""
+    venv_bin = Path(sys.executable).parent
+    return {
+        **env,
+        "VIRTUAL_ENV": str(venv_bin.parent),
+        "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', os.defpath)}",
+    }
+
+
+@pytest.fixture(scope="module")
+def quick_start(farm: Farm, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The README's marked blocks, run once; returns the shell's environment."""
+    tmp = tmp_path_factory.mktemp("readme")
+    work = tmp / "my-project"
+    work.mkdir()
+    env = _activated(
+        {
+            **farm.env,
+            # A node of its own: a fresh cache, as on a new machine.
+            "CLIENT_CACHE_DIR": str(tmp / "node-cache"),
+            "HOME": str(tmp / "home"),
+        }
+    )
+    # Not the checkout's code: the installed farm, from a directory of the user's.
+    env.pop("PYTHONPATH", None)
+    marked = readme.marked_blocks(readme.README.read_text())
+    assert marked, "the README has no <!-- test --> blocks"
+    for block in marked:
+        readme.run_block(block, work, env, python=sys.executable, timeout=scaled(900))
+    return {**env, "WORK": str(work)}
+
+
+def test_the_readme_quick_start_runs_as_written(quick_start: dict[str, str]) -> None:
+    work = Path(quick_start["WORK"])
+    # What the blocks left behind is what the README says they make.
+    assert (work / "mymodel.py").exists()
+    assert (work / "node.py").exists()
+    assert (work / "tinynet.pt2").exists()
+    assert (work / "tinynet.pt2.attestation.json").exists()
+
+
+def _farm(env: dict[str, str], cwd: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["farm", *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=scaled(300)
+    )
+
+
+def test_a_pinned_root_key_of_a_reset_farm_says_where_it_is_and_how_to_retrust(
+    quick_start: dict[str, str], farm: Farm, tmp_path: Path
+) -> None:
+    """The node pinned a root key for this URL on first use, and the farm at
+    the URL now has another one (as after a new FARM_HOME on the same port):
+    the refusal names the pin and the command; that command fixes it."""
+    from farm.core.signing import generate_keypair
+    from farm.node.trust import pin_path
+
+    cache = tmp_path / "node-cache"
+    env = {k: v for k, v in quick_start.items() if k != "FARM_ROOT_KEY"}
+    env["CLIENT_CACHE_DIR"] = str(cache)
+    pin = pin_path(cache, farm.url)
+    pin.parent.mkdir(parents=True)
+    _, old_public = generate_keypair()  # the farm that was on this URL before
+    pin.write_text(old_public)
+    fetch = ("fetch", "tinynet@prod", "--input", "float32[4,12]", "-o", str(tmp_path / "t.pt2"))
+
+    r = _farm(env, str(tmp_path), *fetch)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "refused (trust_list)" in r.stderr
+    assert str(pin) in r.stderr
+    assert f"farm trust reset {farm.url}" in r.stderr
+
+    r = _farm(env, str(tmp_path), "trust", "show", farm.url)
+    assert r.returncode == 0 and str(pin) in r.stdout, r.stdout + r.stderr
+    r = _farm(env, str(tmp_path), "trust", "reset", farm.url)
+    assert r.returncode == 0, r.stderr
+    assert "forgot root key" in r.stdout and not pin.exists()
+
+    r = _farm(env, str(tmp_path), *fetch)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert pin.exists()  # the farm's current key, pinned on first use again
+    r = _farm(env, str(tmp_path), "trust", "reset", farm.url)
+    assert r.returncode == 0 and "forgot root key" in r.stdout
