@@ -120,7 +120,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                    guard_filter=args.guard_filter,
                                    disable_guard_check=args.disable_guard_check,
                                    regional=args.regional, weights=args.weights),
-            targets=tuple(args.targets),
+            targets=tuple(str(_resolve_target(t)) if t.startswith("auto") else t
+                          for t in args.targets),
         )
     except SpecError as exc:
         raise UsageError(str(exc)) from None

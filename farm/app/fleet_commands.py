@@ -159,7 +159,8 @@ def add_parsers(sub: Any, *, model_ref: Any) -> None:
             "what fleet nodes did not get from the farm (their reports), most frequent first",
             arg("model", nargs="?", default=None, metavar="MODEL"),
             arg("--since", type=float, default=None, metavar="S", help="only the last S seconds"),
-            arg("--limit", type=int, default=50, metavar="N"))
+            arg("--limit", type=int, default=50, metavar="N",
+                help="at most N groups (default: 50)"))
     command(sub, "coverage", cmd_coverage,
             "what each version's artifacts serve, and what nodes asked for that none does",
             arg("model", type=model_ref, metavar="MODEL[@VERSION]"))
@@ -172,7 +173,8 @@ def add_parsers(sub: Any, *, model_ref: Any) -> None:
             arg("--build-on-miss", dest="build_on_miss", action="store_true", default=None,
                 help="a miss nodes report (a known version on a live target, or a shape no "
                      "artifact covers) starts a build"),
-            arg("--no-build-on-miss", dest="build_on_miss", action="store_false"),
+            arg("--no-build-on-miss", dest="build_on_miss", action="store_false",
+                help="stop building what nodes miss"),
             arg("--min-interval", type=float, default=None, metavar="S",
                 help="at most one build on miss per S seconds for this model (default 60)"))
 

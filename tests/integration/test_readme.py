@@ -108,3 +108,52 @@ def test_a_pinned_root_key_of_a_reset_farm_says_where_it_is_and_how_to_retrust(
     assert pin.exists()  # the farm's current key, pinned on first use again
     r = _farm(env, str(tmp_path), "trust", "reset", farm.url)
     assert r.returncode == 0 and "forgot root key" in r.stdout
+
+
+def test_submit_target_auto_builds_for_this_machine(
+    quick_start: dict[str, str], tmp_path: Path
+) -> None:
+    """`farm submit --target auto` takes what resolve and fetch take: this
+    machine's own target, detected, sent as a full target."""
+    import json
+
+    from farm.node.local_target import node_target
+
+    work = quick_start["WORK"]
+    r = _farm(
+        quick_start,
+        work,
+        "submit",
+        "./mymodel.py:make",
+        "--name",
+        "tinynet",
+        "--version",
+        "2",
+        "--input",
+        "float32[4,12]",
+        "--backend",
+        "eager",
+        "--target",
+        "auto",
+        "--wait",
+        "--json",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    view = json.loads(r.stdout)
+    assert view["state"] == "succeeded", view
+    assert [b["target"] for b in view["builds"]] == [str(node_target(None))]
+    r = _farm(
+        quick_start,
+        work,
+        "submit",
+        "./mymodel.py:make",
+        "--name",
+        "tinynet",
+        "--version",
+        "3",
+        "--input",
+        "float32[4,12]",
+        "--target",
+        "auto:gpu",
+    )
+    assert r.returncode == 2 and "auto:cuda" in r.stderr, r.stderr
