@@ -21,7 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from farm.app import admin_commands, agent_commands, fleet_commands, pin_commands, trust_commands
+from farm.app import (
+    admin_commands,
+    agent_commands,
+    artifact_commands,
+    fleet_commands,
+    pin_commands,
+    trust_commands,
+)
 from farm.app import commands as cmd
 from farm.app.console import (
     EXIT_FAILURE,
@@ -258,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     command(sub, "prefetch", cmd.cmd_prefetch, "warm this node's artifact cache before a rollout",
             *RESOLVE_ARGS)
     command(sub, "models", cmd.cmd_models, "models, versions and aliases")
+    artifact_commands.add_parsers(sub, model_ref=parse_model_ref)
 
     fleet_commands.add_parsers(sub, model_ref=parse_model_ref)
     agent_commands.add_parsers(sub)
@@ -283,8 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
             arg("model", metavar="NAME@VERSION", type=parse_model_ref), force)
     command(delete, "model", admin_commands.cmd_delete, "NAME with every version (admin)",
             arg("name", metavar="NAME"), force)
-    command(delete, "artifact", admin_commands.cmd_delete, "one artifact by its sha256 (admin)",
-            arg("digest", metavar="SHA256"))
+    command(delete, "artifact", admin_commands.cmd_delete,
+            "one artifact by its sha256 or a unique prefix of 4+ characters (admin)",
+            arg("digest", metavar="SHA256",
+                help="the digest, or a unique prefix of it (`farm artifacts` shows 12)"))
 
     token = group(sub, "token", "manage API tokens", dest="token_command")
     command(token, "create", admin_commands.cmd_token_create, "create a token; it is printed once",
