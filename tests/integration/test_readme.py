@@ -157,3 +157,52 @@ def test_submit_target_auto_builds_for_this_machine(
         "auto:gpu",
     )
     assert r.returncode == 2 and "auto:cuda" in r.stderr, r.stderr
+
+
+def test_artifacts_lists_short_digests_that_delete_takes(
+    quick_start: dict[str, str], tmp_path: Path
+) -> None:
+    """`farm artifacts` prints 12-character digests; `farm delete artifact`
+    takes any unique prefix of 4 or more, and says what is wrong otherwise."""
+    import json
+
+    work = quick_start["WORK"]
+    r = _farm(quick_start, work, "artifacts", "tinynet@prod")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() and all("tinynet@1" in line for line in r.stdout.splitlines()), (
+        r.stdout
+    )
+    r = _farm(
+        quick_start,
+        work,
+        "submit",
+        "./mymodel.py:make",
+        "--name",
+        "tinynet",
+        "--version",
+        "4",
+        "--input",
+        "float32[4,12]",
+        "--backend",
+        "aot_eager",
+        "--wait",
+        "--json",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _farm(quick_start, work, "artifacts", "tinynet@4", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert rows and {row["version"] for row in rows} == {"4"}
+    digest = rows[0]["digest"]
+
+    r = _farm(quick_start, work, "delete", "artifact", digest[:2])
+    assert r.returncode == 2 and "too short" in r.stderr, r.stderr
+    r = _farm(quick_start, work, "delete", "artifact", "zz" + digest[:6])
+    assert r.returncode == 2 and "bad digest" in r.stderr, r.stderr
+    r = _farm(quick_start, work, "delete", "artifact", digest[:8])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"deleted artifact {digest[:12]}" in r.stdout
+    r = _farm(quick_start, work, "artifacts", "tinynet")
+    assert digest[:12] not in r.stdout
+    r = _farm(quick_start, work, "delete", "artifact", digest[:8])
+    assert r.returncode == 1 and "no artifact's digest starts with" in r.stderr, r.stderr
