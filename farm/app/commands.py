@@ -99,6 +99,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
         plan = plan_source(args.entrypoint, source=getattr(args, "source", None))
     except CodePackError as exc:
         raise UsageError(str(exc)) from None
+    from farm.app.entrypoint_check import missing_factory
+
+    # A typo'd factory is told here, in a second, before anything is uploaded.
+    if (why := missing_factory(plan.source, plan.entrypoint, args.entrypoint)) is not None:
+        raise UsageError(why)
     try:
         # --loss makes it a training step: the factory's module with its loss
         # (and backward) compiled, trained with --optimizer on the node.

@@ -68,9 +68,15 @@ def _model_status_lines(name: str, model: dict[str, Any], reports: dict[str, Any
 def model_status(args: argparse.Namespace, name: str) -> int:
     """``farm status MODEL``: versions, aliases, what nodes reported, top misses."""
     client = _client(args)
-    model = next((m for m in client.models() if m.get("name") == name), None)
+    models = client.models()
+    model = next((m for m in models if m.get("name") == name), None)
     if model is None:
-        raise CommandFailed(f"no job or model {name!r}: `farm jobs` and `farm models` list them")
+        import difflib
+
+        close = difflib.get_close_matches(name, [str(m.get("name")) for m in models], n=3)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        raise CommandFailed(f"no job or model {name!r}: {hint}`farm jobs` and `farm models` "
+                            "list them")
     reports = client.model_reports(name, since_s=getattr(args, "since", None))
     status = {"model": model, "reports": reports, "policy": client.policy(name)}
     return answer(args, status, lambda s: _model_status_lines(name, **s))
