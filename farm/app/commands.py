@@ -169,9 +169,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     code = job.get("code")
     if code and not args.json:
-        print(f"code: {code['source']} ({code['files']} files, {_human_size(code['size'])}, "
-              f"sha256 {code['digest'][:12]}, "
-              f"{'uploaded' if code['uploaded'] else 'already on the farm'})", file=sys.stderr)
+        print(code_line(code), file=sys.stderr)
     if not args.wait:
         if args.json:
             _print_json(job)
@@ -235,6 +233,19 @@ def _watch(client: Any, job_id: str, timeout: float | None) -> dict[str, Any]:
                             f"the farm: {again}") from None
     finally:
         progress.finish()
+
+
+def code_line(code: dict[str, Any]) -> str:
+    """``farm submit``'s line about the code it shipped: files and their bytes
+    (the pack itself, a tar, is larger: headers and padding)."""
+    n = int(code.get("files") or 0)
+    size = code.get("source_bytes")
+    what = f"{n} file{'' if n == 1 else 's'}"
+    if size is not None:
+        what += f", {_human_size(int(size))}"
+    what += f"; pack {_human_size(code.get('size'))}"
+    return (f"code: {code['source']} ({what}, sha256 {str(code['digest'])[:12]}, "
+            f"{'uploaded' if code.get('uploaded') else 'already on the farm'})")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
