@@ -261,7 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
             arg("-o", "--output", required=True, metavar="FILE", type=Path,
                 help="where to write the artifact; its attestation goes beside it "
                      "(FILE.attestation.json)"),
-            arg("--force", action="store_true", help="overwrite FILE if it exists"))
+            arg("--force", action="store_true", help="overwrite FILE if it exists"),
+            arg("--plain", action="store_true",
+                help="write torch's own file, for torch's own loader: an aot_compile "
+                     "artifact's save_compiled_function bytes (torch.compiler."
+                     "load_compiled_function opens them; the farm's prebuilt kernels and its "
+                     "attestation stay out), an aoti package as it is"))
     command(sub, "prefetch", cmd.cmd_prefetch, "warm this node's artifact cache before a rollout",
             *RESOLVE_ARGS)
     command(sub, "models", cmd.cmd_models, "models, versions and aliases")

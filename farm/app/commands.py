@@ -355,10 +355,15 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     cached, verified = client.fetch_verified(resolved)
     from farm.node.verify import bundle_path
 
+    a = resolved["artifact"]
+    plain = getattr(args, "plain", False)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        shutil.copyfile(cached, tmp)
-        if verified is not None:
+        if plain:
+            tmp.write_bytes(_plain_bytes(Path(cached), str(a.get("format"))))
+        else:
+            shutil.copyfile(cached, tmp)
+        if verified is not None and not plain:
             # Beside the file: what another node checks it with (farm verify FILE).
             bundle = bundle_path(out)
             btmp = bundle.with_name(f".{bundle.name}.{os.getpid()}.tmp")
@@ -368,14 +373,43 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    a = resolved["artifact"]
     if args.json:
-        _print_json({**resolved, "path": str(out)})
+        _print_json({**resolved, "path": str(out), "plain": plain})
+    elif plain:
+        print(f"{out}  torch's own {a.get('format')} file of sha256:{a['digest']}  "
+              f"{_human_size(out.stat().st_size)}")
+        print(PLAIN_HINT[str(a.get("format"))].format(path=out), file=sys.stderr)
     else:
-        print(f"{out}  sha256:{a['digest']}  {a.get('format')}  {_human_size(a.get('size'))}")
+        print(f"{out}  sha256:{a['digest']}  {a.get('format')}  {_human_size(a.get('size'))}"
+              "  (the farm's file, with its attestation beside it)")
         print(LOAD_HINT.format(path=out, format=a.get("format"), grad_mode=a.get("grad_mode")),
               file=sys.stderr)
     return EXIT_OK
+
+
+# What opens a --plain file, and what it lacks next to the farm's.
+PLAIN_HINT = {
+    "aot_compile": """\
+open it with torch alone (it was checked before it was written; nothing beside it
+checks it again, and a CPU build's kernels are compiled again at its first load):
+  with open("{path}", "rb") as f:
+      fn = torch.compiler.load_compiled_function(f)
+  y = fn(model, x)                      # model: your nn.Module, eval(), under no_grad""",
+    "aoti": """\
+open it with torch alone (it was checked before it was written):
+  runner = torch._inductor.aoti_load_package("{path}")
+  y = runner(x)""",
+}
+
+
+def _plain_bytes(cached: Path, fmt: str) -> bytes:
+    """torch's own bytes of a verified artifact: an aot_compile bundle's
+    ``save_compiled_function`` entry (farm.node.bundle), anything else as is."""
+    from farm.node.bundle import is_bundle, read_bundle
+
+    if fmt == "aot_compile" and is_bundle(cached):
+        return read_bundle(cached)[0]
+    return cached.read_bytes()
 
 
 def cmd_prefetch(args: argparse.Namespace) -> int:

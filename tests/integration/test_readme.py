@@ -206,3 +206,44 @@ def test_artifacts_lists_short_digests_that_delete_takes(
     assert digest[:12] not in r.stdout
     r = _farm(quick_start, work, "delete", "artifact", digest[:8])
     assert r.returncode == 1 and "no artifact's digest starts with" in r.stderr, r.stderr
+
+
+PLAIN_LOAD = """
+import sys, torch
+sys.path.insert(0, ".")
+from mymodel import make
+torch.manual_seed(0)
+model = make().eval()
+x = torch.randn(4, 12)
+with open(sys.argv[1], "rb") as f:
+    fn = torch.compiler.load_compiled_function(f)
+with torch.no_grad():
+    print(float((fn(model, x) - model(x)).abs().max()))
+"""
+
+
+def test_fetch_plain_writes_torchs_own_file(quick_start: dict[str, str], tmp_path: Path) -> None:
+    """The farm's aot_compile file is a bundle (kernels beside torch's bytes)
+    that torch's loader cannot read; --plain writes torch's own bytes, and
+    says which loader opens what was written."""
+    work = quick_start["WORK"]
+    farm_file, plain_file = tmp_path / "farm.pt", tmp_path / "plain.pt"
+    args = ("fetch", "tinynet@prod", "--input", "float32[4,12]", "--format", "aot_compile")
+    r = _farm(quick_start, work, *args, "-o", str(farm_file))
+    assert r.returncode == 0, r.stderr
+    assert "farm.node.loader" in r.stderr and "the farm's file" in r.stdout
+    r = _farm(quick_start, work, *args, "-o", str(plain_file), "--plain")
+    assert r.returncode == 0, r.stderr
+    assert "torch.compiler.load_compiled_function" in r.stderr
+    assert "torch's own aot_compile file" in r.stdout
+    assert not Path(str(plain_file) + ".attestation.json").exists()
+    load = subprocess.run(
+        [sys.executable, "-c", PLAIN_LOAD, str(plain_file)],
+        cwd=work,
+        env=quick_start,
+        capture_output=True,
+        text=True,
+        timeout=scaled(300),
+    )
+    assert load.returncode == 0, load.stderr[-3000:]
+    assert float(load.stdout.strip().splitlines()[-1]) < 1e-4
