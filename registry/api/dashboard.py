@@ -79,6 +79,7 @@ def _environment() -> jinja2.Environment:
         bytes=fmt.human_bytes,
         json=fmt.json_text,
         flatten=fmt.flatten,
+        err=fmt.error_value,
     )
     return env
 
@@ -123,7 +124,10 @@ def _local_next(target: str | None) -> str:
 def _html(request: Request, template: str, context: dict[str, Any], *,
           status: int = 200, who: Principal | None = None) -> HTMLResponse:
     response = templates.TemplateResponse(
-        request, template, {"who": who, "prefix": PREFIX, **context}, status_code=status)
+        request, template,
+        # Auth off: nobody signed in, so there is nothing to sign out of.
+        {"who": who, "prefix": PREFIX, "anonymous_name": ANONYMOUS_ADMIN.name, **context},
+        status_code=status)
     response.headers.update(SECURITY_HEADERS)
     return response
 
