@@ -247,3 +247,14 @@ def test_fetch_plain_writes_torchs_own_file(quick_start: dict[str, str], tmp_pat
     )
     assert load.returncode == 0, load.stderr[-3000:]
     assert float(load.stdout.strip().splitlines()[-1]) < 1e-4
+
+
+def test_verify_without_a_root_key_says_where_to_get_one(
+    quick_start: dict[str, str], farm: Farm, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in quick_start.items() if k != "FARM_ROOT_KEY"}
+    env["CLIENT_CACHE_DIR"] = str(tmp_path / "fresh-node")
+    r = _farm(env, quick_start["WORK"], "verify", "tinynet.pt2")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FARM_ROOT_KEY" in r.stderr and farm.url in r.stderr
+    assert str(tmp_path / "fresh-node" / "trusted-keys") in r.stderr
