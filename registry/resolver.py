@@ -70,7 +70,10 @@ breaks (``Rejection.code`` names the rule, ``Rejection.reason`` is one of the
                     parallel one: either would run with the wrong collectives.
 13. ``options``     when ``options`` is given, mode, backend, guard filter and
                     disable_guard_check all equal. When it is None, any options
-                    are accepted (see the order).
+                    that compute the same function are accepted (see the
+                    order), and none that change what a call means
+                    (``farm.core.specs.unasked_options``: disable_guard_check,
+                    CUDA max-autotune): options only when asked.
 14. ``inputs``      the artifact's input specs cover the requested ones
                     (``farm.core.specs.inputs_cover``): same count, dtypes and ranks,
                     and every requested dim, static or a range, inside the
@@ -114,6 +117,7 @@ from farm.core.specs import (
     CompileOptions,
     GradMode,
     MeshLayout,
+    unasked_options,
 )
 from farm.core.target import Target
 from registry.entities import FORMATS, ArtifactRecord
@@ -208,6 +212,8 @@ MSG_LAYOUT_NODE_NONE = ("built tensor-parallel for {artifact}; the node states n
 MSG_LAYOUT_ARTIFACT_NONE = "built for one process, the node runs {node}"
 MSG_LAYOUT_RANK = "rank {rank} is outside {artifact}"
 MSG_OPTIONS = "compiled with options {artifact}, requested {requested}"
+MSG_UNASKED = ("built with options the request did not ask for: {options}; name them "
+               "(options {artifact}) to get this artifact")
 MSG_INPUTS = "input specs {artifact} do not cover the requested {requested}"
 
 # Best first, per artifact device. See the module docstring for why.
@@ -327,6 +333,11 @@ def check(artifact: ArtifactRecord, request: Request) -> tuple[str, str] | None:
         return OPTIONS, MSG_OPTIONS.format(
             artifact=artifact.options.canonical(), requested=request.options.canonical()
         )
+    unasked = [] if request.options is not None else unasked_options(
+        artifact.options, artifact.target.device)
+    if unasked:
+        return OPTIONS, MSG_UNASKED.format(options=", ".join(unasked),
+                                           artifact=artifact.options.canonical())
     if not inputs_cover(artifact.inputs, request.inputs):
         return INPUTS, MSG_INPUTS.format(
             artifact=format_inputs(artifact.inputs) or "(none)",

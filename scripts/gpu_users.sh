@@ -1,28 +1,58 @@
 #!/usr/bin/env bash
-# Users' own models on a GPU host, isolated, on the farm's defaults: one
-# device call (about 8 minutes on the H200), nothing set by hand but the farm
-# itself.
+# Users' own models on a GPU host, isolated, on the farm's defaults, with
+# nothing set by hand but the farm itself:
 #
 #   1. bubblewrap (and libseccomp) from Debian's packages in .deb/, unpacked
 #      without an install step (the GPU image has neither): `dpkg-deb -x` into
-#      a folder of its own, on PATH;
+#      a folder of its own, on PATH; a delegated cgroup for the builds' kernel
+#      limits where the host's cgroup v2 lets us make one;
 #   2. an embedded farm with one CUDA compile worker, FARM_SANDBOX=on (a
 #      worker that cannot isolate refuses to start), planted secrets in its
 #      environment;
-#   3. a user's own two-layer MLP from a directory on no farm path, submitted
-#      as a user would (`farm submit ./mymodel.py:make --input ... --wait`),
-#      then fetched and loaded by a fresh process with `compiled()` and
-#      compared with eager;
-#   4. a hostile model that reads every /proc/*/environ it sees, the planted
-#      secret files and the farm's ports: the job's error must hold none of
-#      the secrets.
+#   3. a user's own two-layer MLP and a transformers LlamaForCausalLM (bf16,
+#      keyword inputs) from a directory on no farm path, submitted as a user
+#      would (`farm submit ./mymodel.py:make --input ... --wait`), each fetched
+#      and loaded by a fresh process with `compiled()` and compared with eager;
+#   4. hostile models (environment and secrets, writes outside the build,
+#      ports, a fork bomb, a memory hog, a tmpfs burst) on the CUDA worker:
+#      each must fail its own build, the planted secret must not appear in
+#      any job's error, no file may appear outside the sandbox, and the
+#      farm must still build after them. A table of results at the end.
 #
-# Prepare here (CPU machine): `scripts/gpu_wheels.sh` (.whl/) and
+# Prepare here (CPU machine): `scripts/gpu_wheels.sh` (.whl/, pyseccomp among
+# them), the transformers wheels in .whl-hf/ (see scripts/gpu_wheels.sh hf) and
 #   mkdir -p .deb && (cd .deb && apt-get download bubblewrap libseccomp2 libcap2)
-# Run with the device tool, carrying .whl and .deb:
-#   bash scripts/gpu_users.sh      (results: $OUT/gpu_users.log, gpu_users-farm.tgz)
+# Run with the device tool, carrying .whl, .whl-hf and .deb; a whole run is
+# longer than one call, so it runs detached across calls:
+#   bash scripts/gpu_users.sh start; bash scripts/gpu_users.sh wait 540
+#   bash scripts/gpu_users.sh wait 570        (again, until it says done)
+# (results: $OUT/gpu_users.log, gpu_users-*.txt, gpu_users-farm.tgz)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+PHASE=${1:-run}
+DETACHED=/tmp/gpu_users-detached
+case "$PHASE" in
+  run) ;;
+  start)
+    # Its own copy of the tree: the device tool replaces the carried tree at
+    # every call, which would pull the files from under a run started earlier.
+    rm -rf "$DETACHED" && mkdir -p "$DETACHED/tree"
+    cp -a . "$DETACHED/tree/"
+    OUT="$DETACHED" setsid nohup bash "$DETACHED/tree/scripts/gpu_users.sh" run \
+      >"$DETACHED/nohup.out" 2>&1 </dev/null &
+    echo $! >"$DETACHED/pid"
+    echo "gpu_users started detached (pid $!), writing to $DETACHED"
+    exit 0;;
+  wait)
+    pid=$(cat "$DETACHED/pid" 2>/dev/null) || { echo "no detached run (start one)"; exit 2; }
+    end=$((SECONDS + ${2:-570}))
+    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 5; done
+    if [ -n "${OUT:-}" ]; then cp "$DETACHED"/*.txt "$DETACHED"/*.out "$DETACHED"/*.log "$DETACHED"/*.tgz "$OUT"/ 2>/dev/null; fi
+    tail -n 60 "$DETACHED/gpu_users.log" 2>/dev/null
+    if kill -0 "$pid" 2>/dev/null; then echo "still running (pid $pid): wait again"; exit 75; fi
+    exit 0;;
+  *) echo "usage: $0 [run|start|wait [S]]" >&2; exit 2;;
+esac
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_users.log") 2>&1
@@ -40,9 +70,26 @@ stamp "cgroup fs: $(stat -fc %T /sys/fs/cgroup 2>/dev/null); controllers: $(cat 
 if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.gpu_users-installed ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
+  # transformers only where the image lacks it.
+  if ! python3 -c "import transformers" 2>/dev/null && ls .whl-hf/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl-hf/*.whl || exit 1
+  fi
   touch /tmp/site/.gpu_users-installed
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# A cgroup v2 subtree for the builds (memory.max / pids.max per build) where
+# this host lets root make one; each build's log says which limit applied.
+CG=/sys/fs/cgroup/farm-builds
+if [ -z "${FARM_BUILD_CGROUP:-}" ] && [ -w /sys/fs/cgroup/cgroup.subtree_control ]; then
+  mkdir -p "$CG" 2>/dev/null
+  echo "+memory +pids" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+  echo "+memory +pids" >"$CG/cgroup.subtree_control" 2>/dev/null
+  if grep -q memory "$CG/cgroup.subtree_control" 2>/dev/null; then
+    export FARM_BUILD_CGROUP=$CG
+  fi
+fi
+stamp "FARM_BUILD_CGROUP=${FARM_BUILD_CGROUP:-none} ($(cat "$CG/cgroup.subtree_control" 2>/dev/null))"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton, platform; print('torch', torch.__version__, 'triton', triton.__version__, 'python', platform.python_version())"
 farm() { python3 -m farm.app.cli "$@"; }
@@ -75,9 +122,9 @@ done
 stamp "farm ready=$ready"; head -n 5 "$HOME_DIR/serve.log"
 [ "$ready" = 1 ] || { tail -40 "$HOME_DIR/serve.log"; exit 1; }
 
-# 3. A user's own model, from a directory of the user's.
+# 3. Users' own models, from a directory of the user's.
 U=/tmp/user && rm -rf "$U" && mkdir -p "$U"
-cat >"$U/mymodel.py" <<'EOF'
+cat >"$U/mymodel.py" <<'PY'
 import torch
 from torch import nn
 
@@ -95,13 +142,22 @@ class MLP(nn.Module):
 def make() -> nn.Module:
     torch.manual_seed(0)
     return MLP()
-EOF
-cat >"$U/hostile.py" <<'EOF'
-import glob
-import json
-import os
-import socket
+PY
+cat >"$U/myllama.py" <<'PY'
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
+
+def make() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512,
+                      num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                      max_position_embeddings=256, use_cache=False)
+    return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+PY
+# Hostile models: each reports what it reached in its error (SNOOP ...).
+cat >"$U/hostile_env.py" <<'PY'
+import glob, json, socket
 from torch import nn
 
 
@@ -112,9 +168,9 @@ def make() -> nn.Module:
             got[p] = open(p, "rb").read().decode("utf-8", "replace")[:2000]
         except OSError as exc:
             got[p] = f"refused: {exc.strerror}"
-    for f in (os.environ.get("SNOOP_FILE", ""), "/tmp/farm-users/secrets/aws"):
+    for f in ("/tmp/farm-users/secrets/aws", "/tmp/farm-users/farm.db", "/root/.bash_history"):
         try:
-            got[f] = open(f).read()
+            got[f] = open(f, "rb").read(200).decode("utf-8", "replace")
         except OSError as exc:
             got[f] = f"refused: {exc.strerror}"
     for port in (8765, 6379, 5432):
@@ -124,13 +180,75 @@ def make() -> nn.Module:
         except OSError as exc:
             got[f"port {port}"] = f"refused: {exc.strerror or exc}"
     raise RuntimeError("SNOOP " + json.dumps(got))
-EOF
+PY
+cat >"$U/hostile_write.py" <<'PY'
+import json, os
+from torch import nn
+
+
+def make() -> nn.Module:
+    got = {}
+    for f in ("/tmp/farm-users/PWNED", "/tmp/PWNED-host", os.path.expanduser("~/PWNED"),
+              "/usr/PWNED", "/work/PWNED"):
+        try:
+            with open(f, "w") as fh:
+                fh.write("pwned")
+            got[f] = "written (inside the sandbox's own view)"
+        except OSError as exc:
+            got[f] = f"refused: {exc.strerror}"
+    raise RuntimeError("SNOOP " + json.dumps(got))
+PY
+cat >"$U/hostile_fork.py" <<'PY'
+import os, time
+from torch import nn
+
+
+def make() -> nn.Module:
+    n = 0
+    try:
+        for _ in range(20000):
+            if os.fork() == 0:
+                time.sleep(30)
+                os._exit(0)
+            n += 1
+    except OSError as exc:
+        raise RuntimeError(f"SNOOP fork bomb stopped after {n} processes: {exc}")
+    raise RuntimeError(f"SNOOP fork bomb NOT stopped: {n} processes")
+PY
+cat >"$U/hostile_hog.py" <<'PY'
+from torch import nn
+
+
+def make() -> nn.Module:
+    chunks = []
+    while True:  # touch every page: the limit must see it
+        chunks.append(bytearray(b"x" * (1 << 30)))
+PY
+cat >"$U/hostile_tmpfs.py" <<'PY'
+from torch import nn
+
+
+def make() -> nn.Module:
+    block = b"x" * (1 << 30)
+    i = 0
+    while True:  # tmpfs pages are memory too
+        with open(f"/dev/shm/burst-{i}", "wb") as fh:
+            fh.write(block)
+        i += 1
+PY
 cd "$U"
-stamp "submit mymodel.py:make (float32[4,12])"
-s0=$SECONDS
-farm submit ./mymodel.py:make --name mymlp --version 1 --input 'float32[4,12]' --wait --timeout 420
-stamp "submit rc=$? after $((SECONDS - s0)) s"
-python3 - <<'EOF'
+# Both users' models at once, each as a user types it.
+stamp "submit mymodel.py:make and myllama.py:make"
+( s0=$SECONDS; farm submit ./mymodel.py:make --name mymlp --version 1 --input 'float32[4,12]' \
+    --wait --timeout 540; echo "rc=$? after $((SECONDS - s0)) s" ) >"$OUT/gpu_users-mlp.txt" 2>&1 &
+MLP=$!
+( s0=$SECONDS; farm submit ./myllama.py:make --name myllama --version 1 \
+    --input 'input_ids=int64[1,16]' --input 'attention_mask=int64[1,16]{0..1}' \
+    --wait --timeout 900; echo "rc=$? after $((SECONDS - s0)) s" ) >"$OUT/gpu_users-llama.txt" 2>&1 &
+LLAMA=$!
+wait $MLP; stamp "mlp: $(tail -n 1 "$OUT/gpu_users-mlp.txt")"
+grep -E "error|failed|compiling|verifying" "$OUT/gpu_users-mlp.txt" | head -8
+python3 - <<'PY'
 import time
 
 import torch
@@ -146,19 +264,61 @@ fast = compiled(m, model="mymlp", ref="1", example_inputs=[x])
 y = fast(x)
 torch.cuda.synchronize()
 err = (y - m(x)).abs().max().item()
-print(f"node: source={fast.source} reason={fast.reason!r} {fast!r} max_abs_err={err:.2e} "
-      f"first result {time.perf_counter() - t:.2f} s")
-EOF
-stamp "node rc=$?"
-stamp "submit hostile.py:make"
-farm submit ./hostile.py:make --name hostile --version 1 --input 'float32[4,12]' --wait \
-  --timeout 300 >"$OUT/gpu_users-hostile.txt" 2>&1
-stamp "hostile submit rc=$? (a failed build is expected)"
-grep -o "SNOOP.*" "$OUT/gpu_users-hostile.txt" | head -c 3000; echo
-if grep -q "$SECRET" "$OUT/gpu_users-hostile.txt"; then
-  stamp "HOSTILE: LEAKED the planted secret"
-else
-  stamp "hostile: the planted secret did not leak"
-fi
+print(f"node mlp: {fast!r} max_abs_err={err:.2e} first result {time.perf_counter() - t:.2f} s")
+PY
+stamp "node mlp rc=$?"
+wait $LLAMA; stamp "llama: $(tail -n 1 "$OUT/gpu_users-llama.txt")"
+grep -E "error|failed|compiling|verifying" "$OUT/gpu_users-llama.txt" | head -8
+python3 - <<'PY'
+import time
+
+import torch
+
+t = time.perf_counter()
+from farm.node import compiled  # noqa: E402
+
+import myllama  # noqa: E402
+
+m = myllama.make().cuda()
+ids = torch.randint(0, 1000, (1, 16), device="cuda")
+mask = torch.ones(1, 16, dtype=torch.int64, device="cuda")
+mask[0, :3] = 0
+fast = compiled(m, model="myllama", ref="1",
+                example_inputs=["input_ids=int64[1,16]", "attention_mask=int64[1,16]{0..1}"])
+with torch.no_grad():
+    y = fast(input_ids=ids, attention_mask=mask)
+    ref = m(input_ids=ids, attention_mask=mask)
+torch.cuda.synchronize()
+err = (y.logits.float() - ref.logits.float()).abs().max().item()
+print(f"node llama: {fast!r} max_abs_err={err:.2e} (bf16) first result "
+      f"{time.perf_counter() - t:.2f} s")
+PY
+stamp "node llama rc=$?"
+
+# 4. Hostile models on the CUDA worker, one after another (one compile worker).
+TABLE=$OUT/gpu_users-hostile.txt
+echo "| hostile model | farm submit | what the job reported (first 300 chars) |" >"$TABLE"
+echo "|---|---|---|" >>"$TABLE"
+for h in env write fork hog tmpfs; do
+  s0=$SECONDS
+  farm submit "./hostile_$h.py:make" --name "hostile-$h" --version 1 --input 'float32[4,12]' \
+    --wait --timeout 300 >"$OUT/gpu_users-hostile-$h.out" 2>&1
+  rc=$?
+  msg=$(grep -m1 -E "error: " "$OUT/gpu_users-hostile-$h.out" | head -c 300 | tr '|\n' '/ ')
+  echo "| $h | rc=$rc after $((SECONDS - s0)) s | $msg |" >>"$TABLE"
+  stamp "hostile $h: rc=$rc"
+done
+leak=no
+grep -rq "$SECRET" "$OUT"/gpu_users-hostile-*.out && leak=YES
+stamp "the planted secret in any hostile job's output: $leak"
+for f in /tmp/farm-users/PWNED /tmp/PWNED-host ~/PWNED /usr/PWNED /work/PWNED; do
+  [ -e "$f" ] && stamp "HOSTILE WRITE LANDED: $f"
+done
+cat "$TABLE"
+grep -ho "SNOOP.*" "$OUT"/gpu_users-hostile-*.out | cut -c1-1500
+# The farm still builds after them.
+farm submit ./mymodel.py:make --name mymlp --version 2 --input 'float32[8,12]' --wait \
+  --timeout 300 >"$OUT/gpu_users-after.txt" 2>&1
+stamp "a build after the hostile ones: rc=$?"
 cd - >/dev/null
 farm jobs 2>/dev/null | head -20

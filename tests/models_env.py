@@ -85,3 +85,39 @@ def stage_bomb(how: str, at: str, dim: int = 8) -> nn.Module:
                 hoard.append(bytearray(b"\x01" * (64 << 20)))
         raise ValueError(f"unknown bomb {how!r}")
     return nn.Linear(dim, dim, bias=False)
+
+
+def result_thief(how: str, key: str, dim: int = 8) -> nn.Module:
+    """A healthy Linear whose compile child tries to get the worker to upload
+    and sign the file ``key`` (the builder's signing key, wherever the worker
+    keeps it) as its artifact, as an attacker who read the farm's docs would:
+
+    - ``how="rewrite"``: the result JSON the child hands back names ``key``
+      as the artifact's path (``json.dumps`` wrapped, so the farm's own
+      writer of the result writes it);
+    - ``how="symlink"``: the artifact file is replaced with a symlink to
+      ``key`` just before the result is written.
+
+    In the verifier, it reports a passed verification whatever it loaded
+    (the verifier runs the submitter's code too)."""
+    where = stage()
+    if where in ("compile", "verify") and not getattr(json.dumps, "thief", False):
+        real = json.dumps
+
+        def dumps(obj: object, *args: object, **kwargs: object) -> str:
+            value = obj.get("value") if isinstance(obj, dict) else None
+            if isinstance(value, dict) and where == "compile" and "artifacts" in value:
+                for art in value["artifacts"]:
+                    if how == "rewrite":
+                        art["path"] = key
+                    else:
+                        with contextlib.suppress(OSError):
+                            os.unlink(art["path"])
+                        os.symlink(key, art["path"])
+            if isinstance(value, dict) and where == "verify":
+                obj = {"ok": True, "value": {"ok": True}}
+            return real(obj, *args, **kwargs)  # type: ignore[arg-type]
+
+        dumps.thief = True  # type: ignore[attr-defined]
+        json.dumps = dumps  # type: ignore[assignment]
+    return nn.Linear(dim, dim, bias=False)

@@ -9,6 +9,7 @@ is a failed build with its traceback, never a retry.
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -20,9 +21,10 @@ from sqlalchemy.exc import OperationalError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from farm.build import zygote
+from farm.build.child_output import ChildOutputError, TakenArtifact, take_artifacts, worker_dir
 from farm.build.codeenv import NO_DEPS_HINT, CodeUnavailable, code_dir, code_root, env_dir, env_root
 from farm.build.compile_cache import CacheSession, namespace, open_store
-from farm.build.isolation import SandboxUnavailable
+from farm.build.isolation import Isolation, SandboxUnavailable
 from farm.build.sandbox import SandboxResult, build_isolation, run_isolated
 from farm.build.steps import TRACE_STEP, compile_env
 from farm.build.toolchain import current_compiler
@@ -219,12 +221,9 @@ def compile_task(self: Task, build_key: str, target_text: str) -> None:
 
 
 def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint: str) -> None:
-    from farm.build import provenance
-    from farm.build.compile import aoti_not_applicable, aoti_unavailable_reason
-    from farm.build.verify import verify_artifact
+    from farm.build.compile import ARTIFACT_FILES, aoti_not_applicable, aoti_unavailable_reason
 
     db = context.database()
-    store = context.blob_store()
     s = context.settings()
     # In this worker's zygote slot (farm.build.zygote): the build's children
     # then fork from a warm, sandboxed interpreter instead of importing torch.
@@ -266,101 +265,133 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
             service.fail_compile(db, build_key, error=_with_hint(head, res, paths),
                                  log_text=full)
             return
-        assert res.value is not None
-        new: list[service.NewArtifact] = []
-        logs: list[str] = [f"compiled in {compile_s:.1f} s"]
-        failures: list[str] = []
-        # Formats that compiled but failed verification: recorded on the
-        # artifacts that are kept, so the job view and the resolver say so.
-        verify_failed: dict[str, dict[str, str]] = {}
-        for art in res.value["artifacts"]:
-            path = Path(art["path"])
-            _stage(db, build_key, f"verifying {art['format']}")
-            # Verification runs the model's code too (its factory and forward):
-            # the same limits as the compile, not the verifier's generous defaults.
-            report = verify_artifact(
-                spec,
-                path,
-                art["format"],
-                device=target.device,
-                timeout_s=s.build_timeout_s,
-                memory_mb=s.build_memory_mb,
-                import_paths=paths,
-                isolation=isolation,
-                # The verifier checks its real module against the weights'
-                # manifest, as a node will (a fake-weight build has no guards
-                # on them); it, not the compile child, holds the real weights.
-                weights_manifest=(art.get("meta") or {}).get("weights_manifest"),
+        # Untrusted, like everything the child wrote (farm.build.child_output):
+        # from here on only the worker's own copies of its bytes are used.
+        taken_dir = worker_dir(zygote.work_dir())
+        try:
+            try:
+                taken = take_artifacts(res.value, out_dir, taken_dir, names=ARTIFACT_FILES)
+            except ChildOutputError as exc:
+                log.warning("build %s: refused the compile child's output: %s",
+                            build_key[:12], exc)
+                service.fail_compile(db, build_key, error=f"refused the build's output: {exc}",
+                                     log_text=f"compiled in {compile_s:.1f} s\n{exc}")
+                return
+            _verify_and_store(build_key, target, spec, fingerprint, taken, compile_s=compile_s,
+                              paths=paths, isolation=isolation, cache=cache)
+        finally:
+            shutil.rmtree(taken_dir, ignore_errors=True)
+
+
+def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint: str,
+                      taken: list[TakenArtifact], *, compile_s: float, paths: list[str],
+                      isolation: Isolation | None, cache: CacheSession | None) -> None:
+    """Verify, upload and sign the worker's copies of a build's artifacts."""
+    from farm.build import provenance
+    from farm.build.verify import verify_artifact
+
+    db = context.database()
+    store = context.blob_store()
+    s = context.settings()
+    new: list[service.NewArtifact] = []
+    logs: list[str] = [f"compiled in {compile_s:.1f} s"]
+    failures: list[str] = []
+    # Formats that compiled but failed verification: recorded on the
+    # artifacts that are kept, so the job view and the resolver say so.
+    verify_failed: dict[str, dict[str, str]] = {}
+    for art in taken:
+        _stage(db, build_key, f"verifying {art.format}")
+        # Verification runs the model's code too (its factory and forward):
+        # the same limits as the compile, not the verifier's generous defaults.
+        report = verify_artifact(
+            spec,
+            art.path,
+            art.format,
+            device=target.device,
+            timeout_s=s.build_timeout_s,
+            memory_mb=s.build_memory_mb,
+            import_paths=paths,
+            isolation=isolation,
+            # The verifier checks its real module against the weights'
+            # manifest, as a node will (a fake-weight build has no guards
+            # on them); it, not the compile child, holds the real weights.
+            weights_manifest=art.meta.get("weights_manifest"),
+        )
+        logs.append(f"verify {art.format}: {report.summary()}")
+        if not report.ok:
+            # One format failing (say an AOTI package) must not throw away
+            # another that loads and matches; the build fails only when
+            # no format is left.
+            failures.append(f"{art.format} artifact failed verification: {report.error}")
+            verify_failed[art.format] = {
+                "stage": "verify", "reason": (report.error or "").splitlines()[0][:500]}
+            continue
+        # Blob first, row second: a row never points at a missing blob.
+        _stage(db, build_key, f"storing {art.format}")
+        info = store.put_file(art.path)
+        if (info.digest, info.size) != (art.sha256, art.size):
+            # The copy is the worker's, read-only: something changed it after it
+            # was taken. Its stored blob is not what was measured: no artifact.
+            failures.append(f"{art.format} artifact changed after the worker took it "
+                            f"(stored sha256 {info.digest[:12]}, taken {art.sha256[:12]})")
+            continue
+        new.append(
+            service.NewArtifact(
+                digest=info.digest,
+                size=info.size,
+                format=art.format,
+                verified=True,
+                first_call_compiles=bool(report.first_call_compiled),
+                max_abs_err=report.max_abs_err,
+                first_call_s=report.first_call_s,
+                load_s=report.load_s,
+                meta={**art.meta, "verify": report.to_json()},
+                # Signed here, where it was built and verified (docs/security.md).
+                attestation=provenance.attest_artifact(
+                    digest=art.sha256, size=art.size, fmt=art.format,
+                    build_key=build_key, fingerprint=fingerprint, spec=spec, target=target,
+                    meta=art.meta, verification=report.to_json()),
             )
-            logs.append(f"verify {art['format']}: {report.summary()}")
-            if not report.ok:
-                # One format failing (say an AOTI package) must not throw away
-                # another that loads and matches; the build fails only when
-                # no format is left.
-                failures.append(f"{art['format']} artifact failed verification: {report.error}")
-                verify_failed[art["format"]] = {
-                    "stage": "verify", "reason": (report.error or "").splitlines()[0][:500]}
-                continue
-            # Blob first, row second: a row never points at a missing blob.
-            _stage(db, build_key, f"storing {art['format']}")
-            info = store.put_file(path)
-            new.append(
-                service.NewArtifact(
-                    digest=info.digest,
-                    size=info.size,
-                    format=art["format"],
-                    verified=True,
-                    first_call_compiles=bool(report.first_call_compiled),
-                    max_abs_err=report.max_abs_err,
-                    first_call_s=report.first_call_s,
-                    load_s=report.load_s,
-                    meta={**art.get("meta", {}), "verify": report.to_json()},
-                    # Signed here, where it was built and verified (docs/security.md).
-                    attestation=provenance.attest_artifact(
-                        digest=info.digest, size=info.size, fmt=art["format"],
-                        build_key=build_key, fingerprint=fingerprint, spec=spec, target=target,
-                        meta=art.get("meta"), verification=report.to_json()),
-                )
-            )
-        if not new:
-            service.fail_compile(
+        )
+    if not new:
+        service.fail_compile(
+            db,
+            build_key,
+            error="; ".join(failures) or "the compile produced no artifact",
+            log_text="\n".join(logs),
+        )
+        return
+    logs += [f"dropped: {f}" for f in failures]
+    if cache is not None:
+        # Only a build with a verified artifact adds to the shared cache.
+        _harvest(cache)
+        logs.append(f"compile cache: {cache.stats}")
+    first_meta = taken[0].meta
+    logs += [f"{fmt} FAILED at compile: {why['reason']}"
+             for fmt, why in (first_meta.get("formats_failed") or {}).items()]
+    logs += [f"no {fmt}: {why}"
+             for fmt, why in (first_meta.get("formats_skipped") or {}).items()]
+    if verify_failed:
+        for a in new:
+            a.meta.setdefault("formats_failed", {}).update(verify_failed)
+    # The blobs are stored: a database blip now must not throw the build
+    # away and compile it again, so the commit waits for the database
+    # (bounded) before the task's own retry takes over.
+    for attempt in Retrying(retry=retry_if_exception_type((DatabaseUnavailable,
+                                                            OperationalError)),
+                            stop=stop_after_delay(FINISH_WAIT_S),
+                            wait=wait_exponential(multiplier=0.5, max=5), reraise=True):
+        with attempt:
+            service.finish_compile(
                 db,
                 build_key,
-                error="; ".join(failures) or "the compile produced no artifact",
+                target=target,
+                spec=spec,
+                fingerprint=fingerprint,
+                artifacts=new,
+                compile_s=compile_s,
                 log_text="\n".join(logs),
             )
-            return
-        logs += [f"dropped: {f}" for f in failures]
-        if cache is not None:
-            # Only a build with a verified artifact adds to the shared cache.
-            _harvest(cache)
-            logs.append(f"compile cache: {cache.stats}")
-        first_meta = (res.value["artifacts"][0].get("meta") or {}) if res.value["artifacts"] else {}
-        logs += [f"{fmt} FAILED at compile: {why['reason']}"
-                 for fmt, why in (first_meta.get("formats_failed") or {}).items()]
-        logs += [f"no {fmt}: {why}"
-                 for fmt, why in (first_meta.get("formats_skipped") or {}).items()]
-        if verify_failed:
-            for a in new:
-                a.meta.setdefault("formats_failed", {}).update(verify_failed)
-        # The blobs are stored: a database blip now must not throw the build
-        # away and compile it again, so the commit waits for the database
-        # (bounded) before the task's own retry takes over.
-        for attempt in Retrying(retry=retry_if_exception_type((DatabaseUnavailable,
-                                                                OperationalError)),
-                                stop=stop_after_delay(FINISH_WAIT_S),
-                                wait=wait_exponential(multiplier=0.5, max=5), reraise=True):
-            with attempt:
-                service.finish_compile(
-                    db,
-                    build_key,
-                    target=target,
-                    spec=spec,
-                    fingerprint=fingerprint,
-                    artifacts=new,
-                    compile_s=compile_s,
-                    log_text="\n".join(logs),
-                )
 
 
 def _shared_cache(target: Target, build_dir: Path, *, model: str) -> CacheSession | None:

@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 
 BUILDER_KEY_ENV = "FARM_BUILDER_KEY"
 DEFAULT_KEY_FILE = "builder-key.pem"
+# The statement's "verification" block: who compared the artifact with eager,
+# and what a pass is worth.
+VERIFIED_BY = "submitter-code sandbox"
+VERIFIED_MEANS = ("the submitter's own code ran the comparison with eager in the build "
+                  "sandbox: it catches honest mistakes, not a hostile submitter")
 
 
 class BuilderKeyMissing(SigningKeyError):
@@ -119,7 +124,17 @@ def build_statement(
         "builder": {"id": builder_id, "keyid": builder_keyid},
         "toolchain": toolchain,
         "built_at": built_at,
-        "verification": _json_safe(dict(verification or {})),
+        # Who ran the comparison, said where a reader of the statement sees it:
+        # the verifier child runs the submitter's own code (its factory and
+        # forward), so a pass catches an honest mistake, not a hostile
+        # submitter, who can make its own verifier report anything
+        # (docs/security.md, "Children are hostile").
+        "verification": {**_json_safe(dict(verification or {})),
+                         "performed_by": VERIFIED_BY, "meaning": VERIFIED_MEANS},
+        # Signed, so a node's class check (farm.node.compiled.class_mismatch)
+        # compares its module with what the builder recorded, not with the
+        # artifact row's unsigned meta.
+        **({"model_class": str(meta["model_class"])} if meta.get("model_class") else {}),
         # Signed with the rest: a node checks its module's weights against it
         # (farm.node.weight_check), and a fake-weight build has no guards on
         # them, so a manifest changed in transit must not pass.

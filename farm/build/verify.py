@@ -126,6 +126,93 @@ class VerifyReport:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+class MalformedReport(ValueError):
+    """The verifier child's report is not one ``verify_step`` writes."""
+
+
+# Each field of a VerifyReport (and to_json's compiles_on_node), with the JSON
+# types it may have. A report with another field, or a field of another type,
+# was not written by verify_step: the child's code (the submitter's) wrote it.
+_NUM = (int, float)
+_NONE = (type(None),)
+REPORT_FIELDS: dict[str, tuple[type, ...]] = {
+    "ok": (bool,), "max_abs_err": _NUM + _NONE, "tol": _NUM + _NONE,
+    "load_s": _NUM + _NONE, "first_call_s": _NUM + _NONE, "first_call_compiled": (bool,),
+    "steady_call_s": _NUM + _NONE, "error": (str, *_NONE), "format": (str,), "device": (str,),
+    "load_compiled": (bool,), "first_call_autotuned": (bool,), "load_events": (dict,),
+    "first_call_events": (dict,), "grad_max_abs_err": _NUM + _NONE, "grad_tol": _NUM + _NONE,
+    "sizes_checked": (list,), "outputs": (list,), "input_values": (list,),
+    "model_init": (str, *_NONE), "eager_steady_call_s": _NUM + _NONE,
+    "process_to_first_result_s": _NUM + _NONE, "import_s": _NUM + _NONE, "cold_node": (dict,),
+    "train": (dict,), "compiles_on_node": (bool,),
+}
+
+
+def checked_report(value: Any, *, spec: JobSpec, format: str, device: str) -> VerifyReport:
+    """The verifier child's report, believed only as far as the worker can
+    check it: the child runs the submitter's code, which can write any JSON
+    (``{"ok": true}`` alone, say). A report of another shape, of another
+    format or device than asked, of other input sizes than the worker would
+    check, or whose pass its own numbers contradict, is a failed verification
+    saying so. What it cannot catch: a hostile submitter's code that fakes a
+    consistent report (docs/security.md, "Children are hostile")."""
+    try:
+        _check_report(value, spec=spec, format=format, device=device)
+    except MalformedReport as exc:
+        return VerifyReport(ok=False, format=format, device=device,
+                            error=f"the verifier's report is not one the farm's verifier "
+                                  f"writes: {exc} (the model's code wrote or changed it)")
+    return VerifyReport.from_json(value)
+
+
+def _check_report(value: Any, *, spec: JobSpec, format: str, device: str) -> None:
+    if not isinstance(value, dict):
+        raise MalformedReport(f"a {type(value).__name__}, not an object")
+    missing = sorted(set(REPORT_FIELDS) - set(value))
+    extra = sorted(set(value) - set(REPORT_FIELDS))
+    if missing or extra:
+        raise MalformedReport(", ".join(
+            ([f"missing {', '.join(missing)}"] if missing else [])
+            + ([f"unknown {', '.join(extra)}"] if extra else [])))
+    for name, types in REPORT_FIELDS.items():
+        v = value[name]
+        # bool is an int in Python: a number field must not be a bool.
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            raise MalformedReport(f"{name} is {type(v).__name__} {v!r}")
+    if value["format"] != format or value["device"] != device:
+        raise MalformedReport(f"it is for {value['format']} on {value['device']}, the worker "
+                              f"asked for {format} on {device}")
+    if value["compiles_on_node"] != (value["load_compiled"] or value["first_call_compiled"]):
+        raise MalformedReport("compiles_on_node contradicts load_compiled and "
+                              "first_call_compiled")
+    if not value["ok"]:
+        if not value["error"]:
+            raise MalformedReport("a failed verification without an error")
+        return
+    if value["error"] is not None:
+        raise MalformedReport(f"a pass with an error: {value['error'][:200]}")
+    want = check_sizes(spec.inputs)
+    if value["sizes_checked"] != want:
+        raise MalformedReport(f"it checked sizes {value['sizes_checked']!r}, the worker's "
+                              f"verification checks {want!r}")
+    for err, tol, what in (("max_abs_err", "tol", "outputs"),
+                           ("grad_max_abs_err", "grad_tol", "gradients")):
+        e, t = value[err], value[tol]
+        if e is not None and (t is None or not e <= t):
+            raise MalformedReport(f"a pass whose {what}' error {e!r} is not within {t!r}")
+    for leaf in value["outputs"]:
+        if not isinstance(leaf, dict):
+            raise MalformedReport(f"an output entry is {type(leaf).__name__}")
+        e, t = leaf.get("max_abs_err"), leaf.get("tol")
+        if leaf.get("ok") is not True or not isinstance(e, _NUM) or not isinstance(t, _NUM) \
+                or not e <= t:
+            raise MalformedReport(f"a pass whose output {leaf.get('output')!r} failed "
+                                  f"({e!r} > {t!r})")
+    for name in ("load_s", "first_call_s"):
+        if value[name] is None or value[name] < 0:
+            raise MalformedReport(f"a pass without a time for {name}")
+
+
 def _fmt(x: float | None) -> str:
     if x is None:
         return "-"
@@ -194,8 +281,8 @@ def verify_artifact(
         )
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    if res.ok and isinstance(res.value, dict):
-        return VerifyReport.from_json(res.value)
+    if res.ok:
+        return checked_report(res.value, spec=spec, format=format, device=device)
     detail = res.describe()
     if res.traceback:
         detail += "\n" + res.traceback

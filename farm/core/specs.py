@@ -252,6 +252,29 @@ class CompileOptions:
                    parallel=parallel)
 
 
+def unasked_options(options: CompileOptions, device: str) -> list[str]:
+    """The options of an artifact built with ``options`` for ``device`` that
+    change what a call means, not only how fast it is: such an artifact is
+    served only to a request that names its options, never to one that names
+    none (which gets default semantics or nothing). Empty: any request may
+    have it.
+
+    - ``disable_guard_check``: a call on other shapes, dtypes or devices than
+      the artifact's is not refused but wrong;
+    - ``mode=max-autotune`` on CUDA: CUDA graphs, whose outputs the next
+      call overwrites (a caller that keeps an output sees it change).
+
+    The other options (backend, guard filter, regional, fake weights, the
+    no-cudagraphs mode) compute the same function; they are only preferred
+    after the default (registry.resolver)."""
+    out = []
+    if options.disable_guard_check:
+        out.append("disable_guard_check")
+    if options.mode == "max-autotune" and device.startswith("cuda"):
+        out.append("mode=max-autotune (CUDA graphs: the next call overwrites its outputs)")
+    return out
+
+
 _OPTIMIZER_RE = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
 
 

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,7 +227,8 @@ class CompiledHandle:
             # Loading would import the same modules: wait for ours rather
             # than contend with it on import locks.
             self._import_thread.join()
-        mismatch = class_mismatch(pre.artifact, module_or_fn)
+        mismatch = class_mismatch(pre.artifact, module_or_fn,
+                                  signed=pre.verified.build if pre.verified is not None else None)
         if mismatch is not None:
             # Loading it would run another class's program on this object (or
             # fail its type guard on every call): JIT, and say why.
@@ -325,14 +326,20 @@ class CompiledHandle:
             self._report("fallback", None, code=code, reason=first_line(exc))
 
 
-def class_mismatch(artifact: dict[str, Any], module_or_fn: Any) -> str | None:
+def class_mismatch(artifact: dict[str, Any], module_or_fn: Any, *,
+                   signed: Mapping[str, Any] | None = None) -> str | None:
     """Why ``artifact`` is not for ``module_or_fn``'s class (None: it is, or
     the artifact predates the record). The farm records the ``module.qualname``
     of what the factory built; a node's own copy of the code must build the
-    same class, or the artifact's program is some other model's."""
+    same class, or the artifact's program is some other model's.
+
+    ``signed``: the verified build statement's predicate. With it, only its
+    signed ``model_class`` counts (the artifact row's meta is the farm's
+    unsigned word); without (a node that trusts unsigned artifacts), the meta."""
     from farm.core.modelref import model_class_name
 
-    expected = (artifact.get("meta") or {}).get("model_class")
+    expected = (signed.get("model_class") if signed is not None
+                else (artifact.get("meta") or {}).get("model_class"))
     if not expected:
         return None
     mine = model_class_name(module_or_fn)

@@ -41,7 +41,7 @@ from farm.core.inputs import (
     parse_input_list,
     parse_inputs,
 )
-from farm.core.specs import CompileOptions, GradMode, SpecError, build_key
+from farm.core.specs import CompileOptions, GradMode, SpecError, build_key, unasked_options
 from farm.core.target import Target, TargetError
 from farm.node.errors import IntegrityError
 
@@ -253,6 +253,12 @@ def verify_attestation(
     if request.options is not None and built_options != request.options:
         raise _refuse(f"built with options {built_options.canonical()}, asked for "
                       f"{request.options.canonical()}", "options")
+    # The farm's resolver applies the same rule; a node does not take its word.
+    unasked = [] if request.options is not None else unasked_options(
+        built_options, built_target.device)
+    if unasked:
+        raise _refuse(f"built with options the request did not ask for: {', '.join(unasked)}",
+                      "options")
     mismatch = target_mismatch(built_target, request.target)
     if mismatch is not None:
         raise _refuse(f"built for {built_target}, this node is {request.target}", mismatch)

@@ -113,7 +113,8 @@ class Farm:
         signer = BuildSigner(key or self.builder, builder_id="host:1")
         return json.loads(signer.sign(digest=digest, size=size, fmt=fmt, build_key=bk,
                                       fingerprint=fingerprint, spec=spec, target=target,
-                                      meta={"cxx": "/usr/bin/g++: g++ 13"},
+                                      meta={"cxx": "/usr/bin/g++: g++ 13",
+                                            "model_class": "farm.zoo.basic.MLP"},
                                       verification={"max_abs_err": float("nan")}))
 
     def version_env(self, spec: JobSpec, *, key: Ed25519PrivateKey | None = None) -> Any:
@@ -155,7 +156,11 @@ def test_a_matching_bundle_verifies(farm: Farm) -> None:
     assert v.builder_keyid == attest.keyid(farm.builder)
     assert v.build["toolchain"]["cxx"] == "/usr/bin/g++: g++ 13"
     assert v.build["toolchain"]["torch"]
-    assert v.build["verification"] == {"max_abs_err": None}  # NaN has no canonical JSON
+    # NaN has no canonical JSON; and the statement says who ran the comparison.
+    assert v.build["verification"] == {
+        "max_abs_err": None, "performed_by": "submitter-code sandbox",
+        "meaning": "the submitter's own code ran the comparison with eager in the build "
+                   "sandbox: it catches honest mistakes, not a hostile submitter"}
 
 
 def test_each_request_field_is_checked(farm: Farm) -> None:
@@ -340,3 +345,38 @@ def test_file_and_bundle(farm: Farm, tmp_path: Path) -> None:
     with pytest.raises(AttestationRefused) as exc:
         verify_file(tmp_path / "bare", root_key=root_pub, node_target=CPU)
     assert exc.value.field == "attestation"
+
+
+def test_a_node_that_names_no_options_refuses_a_signed_unguarded_build(farm: Farm) -> None:
+    # The farm's answer (or a farm that serves what it likes) hands a plain
+    # request a validly signed artifact built with disable_guard_check: the
+    # node's own check of the signed options refuses it.
+    from dataclasses import replace
+
+    spec = replace(farm.spec(), options=CompileOptions(disable_guard_check=True))
+    bundle = {"build": farm.build(spec), "version": farm.version_env(spec)}
+    err = refused("options", bundle, farm.trust(), req())
+    assert "did not ask for: disable_guard_check" in str(err)
+    v = verify_attestation(bundle, farm.trust(),
+                           req(options=CompileOptions(disable_guard_check=True)))
+    assert v.format == "aoti"
+
+
+def test_the_class_a_node_checks_is_the_signed_one(farm: Farm) -> None:
+    from farm.node.compiled import class_mismatch
+
+    spec = farm.spec()
+    bundle = {"build": farm.build(spec), "version": farm.version_env(spec)}
+    v = verify_attestation(bundle, farm.trust(), req())
+    assert v.build["model_class"] == "farm.zoo.basic.MLP"
+
+    class MLP:  # not farm.zoo.basic's: another program's class under the same name
+        pass
+
+    # The farm's unsigned row says whatever matches the node's module; the
+    # signed statement says what was built, and that is what is compared.
+    mine = f"{MLP.__module__}.{MLP.__qualname__}"
+    row = {"digest": "a" * 64, "meta": {"model_class": mine}}
+    assert class_mismatch(row, MLP()) is None  # unsigned: only where nothing is signed
+    why = class_mismatch(row, MLP(), signed=v.build)
+    assert why is not None and "was built from farm.zoo.basic.MLP" in why

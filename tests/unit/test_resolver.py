@@ -641,8 +641,62 @@ def test_a_node_asks_for_a_backend_and_for_disabled_guard_checks() -> None:
     assert best(CompileOptions(backend="eager")) == [2]
     assert best(CompileOptions(disable_guard_check=True)) == [3]
     assert best(CompileOptions()) == [1]
-    # Asking for nothing: inductor with its guards checked first.
-    assert best(None)[0] == 1
+    # Asking for nothing: never the unguarded one (options only when asked).
+    assert best(None) == [1, 2]
     res = resolve([unguarded], target=_CPU, inputs=INPUTS, grad_mode=GradMode.INFERENCE,
                   options=CompileOptions())
     assert "disable_guard_check" in res.rejected[0].reason
+
+
+# --------------------------------------------------------------------------- #
+# Options only when asked: what changes a call's meaning is never a default
+# --------------------------------------------------------------------------- #
+
+
+def test_disable_guard_check_is_not_served_to_a_plain_request_but_is_when_asked() -> None:
+    # The attacker's (or a careless team's) build is the newest and the only
+    # one there: a plain request still does not get it.
+    unguarded = art(1, options=CompileOptions(disable_guard_check=True),
+                    created_at=T0 + timedelta(days=1))
+    res = only(unguarded)
+    assert res.accepted == []
+    (rej,) = res.rejected
+    assert rej.code == "options"
+    assert rej.reason.startswith(
+        "built with options the request did not ask for: disable_guard_check"), rej.reason
+    # The request that names it gets it.
+    asked = only(unguarded, options=CompileOptions(disable_guard_check=True))
+    assert asked.accepted == [unguarded]
+    # Beside a guarded build, a plain request gets the guarded one and the
+    # unguarded one says why not.
+    guarded = art(2)
+    res = resolve([unguarded, guarded], target=_CPU, inputs=INPUTS,
+                  grad_mode=GradMode.INFERENCE)
+    assert res.accepted == [guarded]
+    assert [r.artifact.id for r in res.rejected] == [1]
+
+
+def test_cuda_max_autotune_is_served_only_when_asked() -> None:
+    tuned = art(1, target=_GPU, options=CompileOptions(mode="max-autotune"))
+    (rej,) = only(tuned, _GPU).rejected
+    assert rej.code == "options" and "mode=max-autotune" in rej.reason, rej.reason
+    assert only(tuned, _GPU, options=CompileOptions(mode="max-autotune")).accepted == [tuned]
+    # No CUDA graphs: the same function, only faster; a plain request may have it.
+    nocg = art(2, target=_GPU, options=CompileOptions(mode="max-autotune-no-cudagraphs"))
+    assert only(nocg, _GPU).accepted == [nocg]
+    # On CPU max-autotune has no CUDA graphs either.
+    assert only(art(3, options=CompileOptions(mode="max-autotune"))).accepted
+
+
+def test_unasked_options_rule() -> None:
+    from farm.core.specs import unasked_options
+
+    assert unasked_options(CompileOptions(), "cuda") == []
+    assert unasked_options(CompileOptions(disable_guard_check=True), "cpu") == [
+        "disable_guard_check"]
+    assert unasked_options(CompileOptions(mode="max-autotune"), "cpu") == []
+    assert len(unasked_options(CompileOptions(mode="max-autotune",
+                                              disable_guard_check=True), "cuda")) == 2
+    for harmless in (CompileOptions(backend="eager"), CompileOptions(guard_filter="keep-all"),
+                     CompileOptions(regional=True), CompileOptions(weights="fake")):
+        assert unasked_options(harmless, "cuda") == [], harmless
