@@ -248,6 +248,10 @@ def overview(request: Request) -> Response:
         workers = service.live_workers(state.db, max_age_s=state.heartbeat_max_age_s)
         return "overview.html", {
             "counts": service.counts(state.db),
+            # Two notions, each labelled: the API's own resolve misses, and
+            # what nodes reported not getting (the misses page lists these).
+            "node_reports": sum(x["count"] for x in report_service.miss_summary(
+                state.db, limit=100_000)),
             "jobs": service.list_jobs(state.db, limit=15),
             "models": service.list_models(state.db),
             "workers": sorted(workers, key=lambda w: (w["kind"], w["target"] or "", w["id"])),

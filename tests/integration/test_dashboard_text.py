@@ -44,3 +44,31 @@ def test_error_values_read_as_three_digits() -> None:
     assert error_value(0.0) == "0"
     assert error_value(0.09375244140625) == "0.0938"
     assert error_value(2.9802322387695312e-07) == "2.98e-07"
+
+
+def test_the_overview_labels_its_two_kinds_of_miss(db_url: str, tmp_path: Path) -> None:
+    """The API's own resolve misses and what nodes reported not getting are
+    two counts, each saying which; the node reports' one links to the page
+    that lists them, with the same count."""
+    from typing import Any, cast
+
+    from tests.integration.test_api import CPU as cpu
+    from tests.slowdown import scaled
+
+    for api in _api(db_url, tmp_path, farm_auth=False):
+        make_artifact(api.db, api.store, name="tiny", version="1", target=cpu)
+        report = {
+            "kind": "miss",
+            "model": "tiny",
+            "inputs": ["int64[4,32]"],
+            "grad_mode": "inference",
+            "target": str(cpu),
+        }
+        r = api.client.post("/v1/reports", json={"node": "node-a", "reports": [report, report]})
+        assert r.status_code in (200, 202), r.text
+        assert cast(Any, api.client.app).state.farm.reports.flush(scaled(30))
+        page = " ".join(api.client.get("/ui/").text.split())
+        assert "resolves that found no artifact (the API's answers)" in page
+        assert '<b>2</b><span><a href="/ui/misses">not served, as nodes reported' in page, page
+        misses = api.client.get("/ui/misses").text
+        assert "<td><b>2</b></td>" in misses
