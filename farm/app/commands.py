@@ -186,12 +186,24 @@ def cmd_submit(args: argparse.Namespace) -> int:
                   ("succeeded", "reused")]
         why = concise_error(view.get("error") or next(
             (b.get("error") for b in failed if b.get("error")), "") or "")
+        if why and not args.json and _same_terminal():
+            # Both streams on one screen: the reason is already there, once.
+            why = "its error is above"
         raise CommandFailed(f"job {view.get('id')} {view.get('state')}"
                             + (f": {why}" if why else ""))
     return EXIT_OK
 
 
 WATCH_HEARTBEAT_S = 30.0
+
+
+def _same_terminal() -> bool:
+    """stdout and stderr are the same terminal (what a person sees once)."""
+    try:
+        return (sys.stdout.isatty() and sys.stderr.isatty()
+                and os.ttyname(sys.stdout.fileno()) == os.ttyname(sys.stderr.fileno()))
+    except (OSError, ValueError):
+        return False
 
 
 def _watch(client: Any, job_id: str, timeout: float | None) -> dict[str, Any]:

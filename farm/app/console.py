@@ -205,5 +205,5 @@ def _job_lines(view: dict[str, Any], *, with_log: bool = False) -> list[str]:
         elif error:
             lines.append(f"    error: {concise_error(error)}")
         if with_log and b.get("log"):
-            lines.extend("    | " + ln for ln in str(b["log"]).splitlines())
+            lines.extend("    | " + _PACK_PATH.sub("./", ln) for ln in str(b["log"]).splitlines())
     return lines

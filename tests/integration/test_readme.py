@@ -258,3 +258,73 @@ def test_verify_without_a_root_key_says_where_to_get_one(
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FARM_ROOT_KEY" in r.stderr and farm.url in r.stderr
     assert str(tmp_path / "fresh-node" / "trusted-keys") in r.stderr
+
+
+BROKEN = """\
+import torch
+from torch import nn
+
+
+class Broken(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 12)
+
+    def forward(self, x):
+        raise ValueError("the tensor is not what this model takes")
+
+
+def make():
+    return Broken()
+"""
+
+
+def test_a_failed_build_on_a_terminal_says_its_reason_once_with_the_users_path(
+    quick_start: dict[str, str], tmp_path: Path
+) -> None:
+    """In a terminal (stdout and stderr on one screen) a failed `farm submit
+    --wait` prints its reason once, and names ./broken.py, never the
+    sandbox's copy of it."""
+    import pty
+    import time
+
+    (tmp_path / "broken.py").write_text(BROKEN)
+    primary, secondary = pty.openpty()
+    argv = [
+        "farm",
+        "submit",
+        "./broken.py:make",
+        "--name",
+        "broken",
+        "--version",
+        "1",
+        "--input",
+        "float32[4,12]",
+        "--wait",
+    ]
+    proc = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env={**quick_start, "TERM": "dumb"},
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=secondary,
+    )
+    os.close(secondary)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + scaled(600)
+    while time.monotonic() < deadline:
+        try:
+            data = os.read(primary, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(primary)
+    assert proc.wait(timeout=scaled(60)) == 1
+    out = b"".join(chunks).decode(errors="replace")
+    # The trace names the line of the raise, in the user's file (line 11).
+    assert out.count("graph break at ./broken.py:11") == 1, out[-4000:]
+    assert "its error is above" in out
+    assert "farm-slot" not in out and "/code/" not in out, out[-4000:]
