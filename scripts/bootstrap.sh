@@ -27,11 +27,15 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 PY=${PYTHON:-python3}
+# What it is doing, on stderr: a fresh clone's first run takes about a minute.
+say() { echo "bootstrap: $* ($SECONDS s)" >&2; }
 if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $PY"
   "$PY" -m venv .venv
 fi
 stamp=.venv/.farm-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "installing into .venv: pip and uv, then torch 2.13.0"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q --no-compile uv >/dev/null 2>&1 || true
   uv() { .venv/bin/python -m uv pip install --python .venv/bin/python -q --no-config "$@"; }
@@ -52,6 +56,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # 8 s against pip's 40 s on a fresh clone here (this script's whole run:
   # 36.5 s against 64.6 s). pip installs them where uv cannot be had.
   extras=".[server,postgres,dev]"
+  say "installing torch-farm $extras and its dependencies (about 90 packages)"
   if ! uv -e "$extras"; then
     echo "bootstrap: uv unavailable or failed; installing with pip" >&2
     .venv/bin/python -m pip install -q --no-compile -e "$extras" 2>&1 | grep -v "is ignored: it is neither" || true
@@ -61,7 +66,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # sources (it runs compiled). 71 s -> 53 s of this script on the CI machine
   # (2 cores), the larger part of a fresh clone's set-up.
   skip='/site-packages/(transformers/models/(?!(llama|auto)/)[^/]+/|(mypy|mypyc)/)|/tests?/'
+  say "byte-compiling .venv (sandboxed builds read it read-only)"
   .venv/bin/python -m compileall -q -j 0 -x "$skip" .venv/lib >/dev/null 2>&1 || true
   .venv/bin/python -c "import torch, celery, sqlalchemy, fastapi, moto" 
   touch "$stamp"
+  say "done: activate it with 'source .venv/bin/activate'"
 fi

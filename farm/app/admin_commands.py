@@ -79,7 +79,9 @@ def cmd_delete(args: argparse.Namespace) -> int:
     client = farm_client(args)
     what = args.delete_command
     if what == "artifact":
-        body = client.delete_artifact(args.digest.removeprefix("sha256:"))
+        from farm.app.artifact_commands import find_digest
+
+        body = client.delete_artifact(find_digest(client, args.digest))
         title = f"deleted artifact {body.get('digest', args.digest)[:12]}"
     elif what == "version":
         name, ref = args.model

@@ -21,7 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from farm.app import admin_commands, agent_commands, fleet_commands, trust_commands
+from farm.app import (
+    admin_commands,
+    agent_commands,
+    artifact_commands,
+    fleet_commands,
+    pin_commands,
+    trust_commands,
+)
 from farm.app import commands as cmd
 from farm.app.console import (
     EXIT_FAILURE,
@@ -74,10 +81,13 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 def target_selector(text: str) -> str:
+    if text in ("auto", "auto:cpu", "auto:cuda"):
+        return text  # this machine's target, detected when the command runs
     try:
         return str(TargetSelector.parse(text))
     except TargetError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(
+            f"{exc} (or 'auto', 'auto:cpu', 'auto:cuda': this machine's target)") from None
 
 
 def node_target(text: str) -> str:
@@ -133,14 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog="FARM_URL and FARM_TOKEN come from the environment.")
     parser.add_argument("--url", help="the farm's API (default: $FARM_URL)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="log more (repeat for debug)")
+                        help="log more (repeat for debug; default: warnings only)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     command(sub, "serve", cmd.cmd_serve, "run the HTTP API",
-            arg("--host", default="127.0.0.1"),
-            arg("--port", type=int, default=8000),
+            arg("--host", default="127.0.0.1",
+                help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: "
+                     "every interface)"),
+            arg("--port", type=int, default=8000, help="port to listen on (default: 8000)"),
             arg("--workers", type=positive_int, default=1,
-                help="API processes (uvicorn workers)"),
+                help="API processes (uvicorn workers; default: 1)"),
             arg("--embedded", action="store_true",
                 help="a whole farm on this machine: SQLite, local blobs, workers beside the API"),
             arg("--ssl-certfile", metavar="PEM", default=None,
@@ -166,8 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
             help="pinned requirements to install on the build workers: every line "
                  "'name==version', optionally with --hash=sha256:...; binary wheels only, "
                  "--no-deps"),
-        arg("--name", required=True),
-        arg("--version", required=True),
+        arg("--name", required=True, metavar="NAME",
+            help="the model's name (letters, digits, '.', '_', '-'), e.g. tinynet"),
+        arg("--version", required=True, metavar="VERSION",
+            help="the version this code becomes, e.g. 1; a version is never rebuilt from other "
+                 "code (409), unless none of its builds succeeded"),
         arg("--project", default=None, metavar="PROJECT",
             help="the project a new model is made in (default: 'default'); your token must "
                  "be a maintainer there"),
@@ -180,13 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
             help="JSON object of factory keyword arguments"),
         arg("--target", dest="targets", action="append", type=target_selector, default=[],
             metavar="T",
-            help="target or selector to build for (repeatable); default: every live target"),
-        arg("--mode", choices=COMPILE_MODES, default="default", help="compile mode"),
+            help="target or selector to build for (repeatable), e.g. cpu or "
+                 "cuda/gpu=NVIDIA%%20H200; 'auto' is this machine's own target (as resolve and "
+                 "fetch detect it; 'auto:cpu', 'auto:cuda' pick the device); default: every "
+                 "live target"),
+        arg("--mode", choices=COMPILE_MODES, default="default",
+            help="torch.compile mode (default: default)"),
         arg("--backend", choices=BACKENDS, default="inductor",
-            help="torch.compile backend (eager, aot_eager: no code generated, for debugging a "
-                 "build; AOTI packages need inductor)"),
+            help="torch.compile backend (default: inductor; eager, aot_eager: no code "
+                 "generated, for debugging a build; AOTI packages need inductor)"),
         arg("--guard-filter", choices=GUARD_FILTERS, default="drop-unserializable",
-            help="which guards the artifact keeps"),
+            help="which guards the artifact keeps (default: drop-unserializable)"),
         arg("--disable-guard-check", action="store_true",
             help="the loaded artifact skips its guard check (recorded on the artifact; a call "
                  "with other shapes is then not refused)"),
@@ -204,9 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
             help="a training step: compile loss(model(*inputs), *targets) with its backward, "
                  "e.g. torch.nn.functional:mse_loss (implies --train)"),
         arg("--loss-targets", type=int, default=1, metavar="N",
-            help="with --loss: how many of the last inputs are the loss's targets"),
+            help="with --loss: how many of the last inputs are the loss's targets (default: 1)"),
         arg("--optimizer", default="SGD", metavar="CLASS",
-            help="with --loss: the torch.optim class the node and the verifier use"),
+            help="with --loss: the torch.optim class the node and the verifier use "
+                 "(default: SGD)"),
         arg("--optimizer-kwargs", type=json_object, default={}, metavar="JSON",
             help="with --loss: the optimizer's keyword arguments, e.g. '{\"lr\": 0.01}'"),
         arg("--function", action="store_true",
@@ -233,17 +253,27 @@ def build_parser() -> argparse.ArgumentParser:
                 help="with --wait: stop watching after S seconds (the job goes on)"))
     command(sub, "jobs", cmd.cmd_jobs, "recent jobs, newest first",
             arg("--state", choices=("queued", "tracing", "compiling", "succeeded", "failed",
-                                    "partial"), default=None),
-            arg("--model", default=None, metavar="NAME"),
-            arg("--limit", type=positive_int, default=20, metavar="N"))
+                                    "partial"), default=None,
+                help="only jobs in this state"),
+            arg("--model", default=None, metavar="NAME", help="only jobs of this model"),
+            arg("--limit", type=positive_int, default=20, metavar="N",
+                help="at most N jobs (default: 20)"))
     command(sub, "resolve", cmd.cmd_resolve, "which artifact a node would load", *RESOLVE_ARGS)
     command(sub, "fetch", cmd.cmd_fetch, "download and verify an artifact to a file",
             *RESOLVE_ARGS,
-            arg("-o", "--output", required=True, metavar="FILE", type=Path),
-            arg("--force", action="store_true", help="overwrite FILE if it exists"))
+            arg("-o", "--output", required=True, metavar="FILE", type=Path,
+                help="where to write the artifact; its attestation goes beside it "
+                     "(FILE.attestation.json)"),
+            arg("--force", action="store_true", help="overwrite FILE if it exists"),
+            arg("--plain", action="store_true",
+                help="write torch's own file, for torch's own loader: an aot_compile "
+                     "artifact's save_compiled_function bytes (torch.compiler."
+                     "load_compiled_function opens them; the farm's prebuilt kernels and its "
+                     "attestation stay out), an aoti package as it is"))
     command(sub, "prefetch", cmd.cmd_prefetch, "warm this node's artifact cache before a rollout",
             *RESOLVE_ARGS)
     command(sub, "models", cmd.cmd_models, "models, versions and aliases")
+    artifact_commands.add_parsers(sub, model_ref=parse_model_ref)
 
     fleet_commands.add_parsers(sub, model_ref=parse_model_ref)
     agent_commands.add_parsers(sub)
@@ -269,15 +299,19 @@ def build_parser() -> argparse.ArgumentParser:
             arg("model", metavar="NAME@VERSION", type=parse_model_ref), force)
     command(delete, "model", admin_commands.cmd_delete, "NAME with every version (admin)",
             arg("name", metavar="NAME"), force)
-    command(delete, "artifact", admin_commands.cmd_delete, "one artifact by its sha256 (admin)",
-            arg("digest", metavar="SHA256"))
+    command(delete, "artifact", admin_commands.cmd_delete,
+            "one artifact by its sha256 or a unique prefix of 4+ characters (admin)",
+            arg("digest", metavar="SHA256",
+                help="the digest, or a unique prefix of it (`farm artifacts` shows 12)"))
 
     token = group(sub, "token", "manage API tokens", dest="token_command")
     command(token, "create", admin_commands.cmd_token_create, "create a token; it is printed once",
             arg("name", metavar="NAME"),
             arg("--role", choices=("read", "submit", "admin"), default=None,
-                help="the global role (default: submit when --project gives maintainer or "
-                     "owner somewhere, else read)"),
+                help="the global role: read: list, resolve and fetch; submit: also submit jobs, "
+                     "set aliases, delete versions; admin: also models, artifacts, tokens and "
+                     "keys (default: submit when --project gives maintainer or owner somewhere, "
+                     "else read)"),
             arg("--project", dest="projects", metavar="PROJECT=ROLE", action="append",
                 type=admin_commands.project_role, default=[],
                 help="a role in a project: reader, maintainer or owner (repeatable); without "
@@ -315,7 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys = group(sub, "keys", "signing keys and the trust list (docs/security.md)",
                  dest="keys_command")
-    out = arg("--out", required=True, type=Path, metavar="FILE")
+    out = arg("--out", required=True, type=Path, metavar="FILE",
+              help="the private key's file (created 0600, never overwritten); the public "
+                   "key goes to FILE.pub")
     command(keys, "generate", trust_commands.cmd_keys_generate,
             "a new Ed25519 key pair: FILE (0600) and FILE.pub", out,
             keep_note="on the host that signs with it")
@@ -325,14 +361,15 @@ def build_parser() -> argparse.ArgumentParser:
     command(keys, "enroll", trust_commands.cmd_keys_enroll,
             "enrol a builder key, or the API's name key",
             arg("--name", required=True, help="e.g. the worker pool"),
-            arg("--role", choices=("builder", "names"), required=True),
+            arg("--role", choices=("builder", "names"), required=True,
+                help="builder: a compile worker's key; names: the API's name key"),
             arg("--public-key", metavar="FILE", default=None,
                 help="the public key (PEM); for --role names, default: the API's own"))
     command(keys, "list", trust_commands.cmd_keys_list, "enrolled keys")
     command(keys, "revoke", trust_commands.cmd_keys_revoke,
             "revoke a key (then sign a new trust list)",
             arg("keyid", metavar="KEYID", help="the key id, or a unique prefix of it"),
-            arg("--reason", default=""))
+            arg("--reason", default="", help="why, kept with the revocation"))
     command(keys, "sign-trust-list", trust_commands.cmd_keys_sign_trust_list,
             "sign the enrolled keys into a new trust list with the root key",
             arg("--root-key", required=True, metavar="FILE", help="the root private key"),
@@ -341,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
             arg("--output", "-o", type=Path, default=None, metavar="FILE",
                 help="also write the signed envelope here"),
             arg("--no-upload", action="store_true", help="only sign (with --output)"))
+
+    pin_commands.add_parsers(sub)
 
     command(sub, "verify", trust_commands.cmd_verify,
             "check a fetched file and its attestation, loading nothing",
@@ -354,8 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
             arg("kind", choices=("trace", "compile")),
             arg("--device", choices=("cpu", "cuda"), default=None,
                 help="compile workers: the device to build for (default: cuda if present)"),
-            arg("--concurrency", type=positive_int, default=1),
-            arg("--loglevel", default="INFO"),
+            arg("--concurrency", type=positive_int, default=1,
+                help="tasks this worker runs at once (default: 1)"),
+            arg("--loglevel", default="INFO", help="Celery's log level (default: INFO)"),
             json=False)
 
     db = group(sub, "db", "the metadata database's schema ($DATABASE_URL)", dest="db_command")

@@ -99,6 +99,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
         plan = plan_source(args.entrypoint, source=getattr(args, "source", None))
     except CodePackError as exc:
         raise UsageError(str(exc)) from None
+    from farm.app.entrypoint_check import missing_factory
+
+    # A typo'd factory is told here, in a second, before anything is uploaded.
+    if (why := missing_factory(plan.source, plan.entrypoint, args.entrypoint)) is not None:
+        raise UsageError(why)
     try:
         # --loss makes it a training step: the factory's module with its loss
         # (and backward) compiled, trained with --optimizer on the node.
@@ -120,7 +125,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                    guard_filter=args.guard_filter,
                                    disable_guard_check=args.disable_guard_check,
                                    regional=args.regional, weights=args.weights),
-            targets=tuple(args.targets),
+            targets=tuple(str(_resolve_target(t)) if t.startswith("auto") else t
+                          for t in args.targets),
             project=getattr(args, "project", None),
         )
     except SpecError as exc:
@@ -164,9 +170,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     code = job.get("code")
     if code and not args.json:
-        print(f"code: {code['source']} ({code['files']} files, {_human_size(code['size'])}, "
-              f"sha256 {code['digest'][:12]}, "
-              f"{'uploaded' if code['uploaded'] else 'already on the farm'})", file=sys.stderr)
+        print(code_line(code), file=sys.stderr)
     if not args.wait:
         if args.json:
             _print_json(job)
@@ -183,12 +187,24 @@ def cmd_submit(args: argparse.Namespace) -> int:
                   ("succeeded", "reused")]
         why = concise_error(view.get("error") or next(
             (b.get("error") for b in failed if b.get("error")), "") or "")
+        if why and not args.json and _same_terminal():
+            # Both streams on one screen: the reason is already there, once.
+            why = "its error is above"
         raise CommandFailed(f"job {view.get('id')} {view.get('state')}"
                             + (f": {why}" if why else ""))
     return EXIT_OK
 
 
 WATCH_HEARTBEAT_S = 30.0
+
+
+def _same_terminal() -> bool:
+    """stdout and stderr are the same terminal (what a person sees once)."""
+    try:
+        return (sys.stdout.isatty() and sys.stderr.isatty()
+                and os.ttyname(sys.stdout.fileno()) == os.ttyname(sys.stderr.fileno()))
+    except (OSError, ValueError):
+        return False
 
 
 def _watch(client: Any, job_id: str, timeout: float | None) -> dict[str, Any]:
@@ -230,6 +246,19 @@ def _watch(client: Any, job_id: str, timeout: float | None) -> dict[str, Any]:
                             f"the farm: {again}") from None
     finally:
         progress.finish()
+
+
+def code_line(code: dict[str, Any]) -> str:
+    """``farm submit``'s line about the code it shipped: files and their bytes
+    (the pack itself, a tar, is larger: headers and padding)."""
+    n = int(code.get("files") or 0)
+    size = code.get("source_bytes")
+    what = f"{n} file{'' if n == 1 else 's'}"
+    if size is not None:
+        what += f", {_human_size(int(size))}"
+    what += f"; pack {_human_size(code.get('size'))}"
+    return (f"code: {code['source']} ({what}, sha256 {str(code['digest'])[:12]}, "
+            f"{'uploaded' if code.get('uploaded') else 'already on the farm'})")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -294,7 +323,8 @@ def _resolve(args: argparse.Namespace, client: Any) -> dict[str, Any]:
 
 LOAD_HINT = """\
 load it on a node with the same target (its module supplies the weights; the
-attestation beside the file is checked against FARM_ROOT_KEY first):
+attestation beside the file is checked first against the farm's root public key,
+FARM_ROOT_KEY: an embedded farm's is FARM_HOME/root-key.pem.pub):
   from farm.node.loader import load_artifact
   fn = load_artifact("{path}", "{format}", module=model)   # model: your nn.Module, eval()
   with torch.no_grad():                                    # {grad_mode} artifact
@@ -338,10 +368,15 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     cached, verified = client.fetch_verified(resolved)
     from farm.node.verify import bundle_path
 
+    a = resolved["artifact"]
+    plain = getattr(args, "plain", False)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        shutil.copyfile(cached, tmp)
-        if verified is not None:
+        if plain:
+            tmp.write_bytes(_plain_bytes(Path(cached), str(a.get("format"))))
+        else:
+            shutil.copyfile(cached, tmp)
+        if verified is not None and not plain:
             # Beside the file: what another node checks it with (farm verify FILE).
             bundle = bundle_path(out)
             btmp = bundle.with_name(f".{bundle.name}.{os.getpid()}.tmp")
@@ -351,14 +386,43 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    a = resolved["artifact"]
     if args.json:
-        _print_json({**resolved, "path": str(out)})
+        _print_json({**resolved, "path": str(out), "plain": plain})
+    elif plain:
+        print(f"{out}  torch's own {a.get('format')} file of sha256:{a['digest']}  "
+              f"{_human_size(out.stat().st_size)}")
+        print(PLAIN_HINT[str(a.get("format"))].format(path=out), file=sys.stderr)
     else:
-        print(f"{out}  sha256:{a['digest']}  {a.get('format')}  {_human_size(a.get('size'))}")
+        print(f"{out}  sha256:{a['digest']}  {a.get('format')}  {_human_size(a.get('size'))}"
+              "  (the farm's file, with its attestation beside it)")
         print(LOAD_HINT.format(path=out, format=a.get("format"), grad_mode=a.get("grad_mode")),
               file=sys.stderr)
     return EXIT_OK
+
+
+# What opens a --plain file, and what it lacks next to the farm's.
+PLAIN_HINT = {
+    "aot_compile": """\
+open it with torch alone (it was checked before it was written; nothing beside it
+checks it again, and a CPU build's kernels are compiled again at its first load):
+  with open("{path}", "rb") as f:
+      fn = torch.compiler.load_compiled_function(f)
+  y = fn(model, x)                      # model: your nn.Module, eval(), under no_grad""",
+    "aoti": """\
+open it with torch alone (it was checked before it was written):
+  runner = torch._inductor.aoti_load_package("{path}")
+  y = runner(x)""",
+}
+
+
+def _plain_bytes(cached: Path, fmt: str) -> bytes:
+    """torch's own bytes of a verified artifact: an aot_compile bundle's
+    ``save_compiled_function`` entry (farm.node.bundle), anything else as is."""
+    from farm.node.bundle import is_bundle, read_bundle
+
+    if fmt == "aot_compile" and is_bundle(cached):
+        return read_bundle(cached)[0]
+    return cached.read_bytes()
 
 
 def cmd_prefetch(args: argparse.Namespace) -> int:

@@ -148,6 +148,11 @@ def print_table(columns: list[str], rows: list[list[str]], *, title: str | None 
 
 
 _FAKE_PARAM = re.compile(r"Parameter\(FakeTensor\([^()]*size=\(([^()]*)\)[^()]*\)\)")
+# Where a build put the job's code pack: a sandbox's copy
+# (/tmp/farm-slot-PID/run-X/code/N/) or the worker's unpacked pack
+# (FARM_HOME/code/SHA256/). A user knows the file by its place in the pack.
+_PACK_PATH = re.compile(
+    r"(?:/[^\s'\"():]+)*/(?:farm-slot-\d+/run-[^/\s]+/code/\d+|code/[0-9a-f]{64})/")
 _FAKE_TENSOR = re.compile(r"FakeTensor\([^()]*size=\(([^()]*)\)[^()]*\)")
 _SHAPE_WORDS = ("reduction dim", "shapes cannot be multiplied", "size mismatch",
                 "must match the size", "Expected size", "expected input")
@@ -157,7 +162,7 @@ def concise_error(text: Any) -> str:
     """A job's error as one readable line: a trace's shape error names each
     FakeTensor by its shape (``tensor[8, 63]``) instead of its repr, and says
     what to check."""
-    line = _first_line(text)
+    line = _PACK_PATH.sub("./", _first_line(text))
     short = _FAKE_TENSOR.sub(lambda m: f"tensor[{m.group(1).rstrip(',')}]",
                              _FAKE_PARAM.sub(lambda m: f"param[{m.group(1).rstrip(',')}]", line))
     if short != line and any(w in short for w in _SHAPE_WORDS):
@@ -200,5 +205,5 @@ def _job_lines(view: dict[str, Any], *, with_log: bool = False) -> list[str]:
         elif error:
             lines.append(f"    error: {concise_error(error)}")
         if with_log and b.get("log"):
-            lines.extend("    | " + ln for ln in str(b["log"]).splitlines())
+            lines.extend("    | " + _PACK_PATH.sub("./", ln) for ln in str(b["log"]).splitlines())
     return lines

@@ -32,6 +32,9 @@ INPUT = "float32[4,64,128]"
 MODEL = "demo-transformer"
 
 
+# How often a long wait says what it is waiting for.
+SAY_EVERY_S = 10.0
+
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
@@ -158,9 +161,39 @@ def _start_farm(home: Path, port: int) -> subprocess.Popen[bytes]:
     )
 
 
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _serve_log_tail(home: Path) -> str:
+    try:
+        lines = (home / "serve.log").read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][:120] if lines else ""
+
+
 def _wait_target(client: Any, proc: subprocess.Popen[bytes], home: Path) -> str:
-    deadline = time.monotonic() + 180
+    start = time.monotonic()
+    deadline = start + 180
+    said = start
     while time.monotonic() < deadline:
+        if time.monotonic() - said >= SAY_EVERY_S:
+            # A farm's first start migrates its database and starts workers
+            # that import torch: say so rather than sit silent for a minute.
+            said = time.monotonic()
+            tail = _serve_log_tail(home)
+            _say(
+                f"      still starting ({said - start:.0f} s): API, trace and compile workers "
+                f"importing torch" + (f"; last: {tail}" if tail else "")
+            )
         if proc.poll() is not None:
             raise RuntimeError(
                 "the embedded farm exited:\n" + (home / "serve.log").read_text()[-3000:]
@@ -212,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--home", type=Path, help="FARM_HOME for the demo farm (default: a new temporary directory)"
     )
+    p.add_argument(
+        "--port", type=int, default=None, help="port for the demo farm's API (default: a free one)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the demo's FARM_HOME")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     a = p.parse_args(argv)
@@ -221,7 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="farm-demo-"))
     home = a.home or work / "home"
     home.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = a.port or _free_port()
+    if a.port and not _port_free(a.port):
+        _say(
+            f"farm demo: port {a.port} is in use on 127.0.0.1: pick another (--port) or leave "
+            "it out for a free one"
+        )
+        shutil.rmtree(work, ignore_errors=True)
+        return 1
     url = f"http://127.0.0.1:{port}"
     _say(f"[1/4] starting an embedded farm at {url} (FARM_HOME={home})")
     proc = _start_farm(home, port)
@@ -242,12 +285,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         t0 = time.monotonic()
         last = [""]
+        said = [t0]
 
         def progress(j: dict[str, Any]) -> None:
             states = ", ".join(f"{b['state']}" for b in j.get("builds", []))
             line = f"      {time.monotonic() - t0:5.0f} s  job {j['state']}  build {states}"
-            if line.split("s  ", 1)[1] != last[0]:
-                last[0] = line.split("s  ", 1)[1]
+            now = time.monotonic()
+            if line.split("s  ", 1)[1] != last[0] or now - said[0] >= SAY_EVERY_S:
+                last[0], said[0] = line.split("s  ", 1)[1], now
                 _say(line)
 
         job = client.wait(job["id"], timeout=1200, on_progress=progress)

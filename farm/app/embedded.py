@@ -257,11 +257,20 @@ def run_embedded(host: str = "127.0.0.1", port: int = 8000) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     with worker_processes(env, devices=devices, log_dir=s.farm_home / "logs"):
-        print(f"torch-farm (embedded) starting on {url}  home={s.farm_home}; waiting for "
-              "its compile worker before taking jobs", flush=True)
+        print(f"torch-farm (embedded) starting on {url}  home={s.farm_home}  root key "
+              f"{_root_keyid(s)[:16]}; waiting for its compile worker before taking jobs",
+              flush=True)
         threading.Thread(target=announce_when_ready, args=(url, s), name="farm-ready",
                          daemon=True).start()
         uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+
+
+def _root_keyid(s: Settings) -> str:
+    """The embedded farm's root key id: what a node pins (``farm trust show``)."""
+    from farm.core import attest
+    from farm.core.signing import load_public_key
+
+    return attest.keyid(load_public_key(s.farm_home / (ROOT_KEY_FILE + ".pub")))
 
 
 READY_TIMEOUT_S = 600.0

@@ -68,9 +68,15 @@ def _model_status_lines(name: str, model: dict[str, Any], reports: dict[str, Any
 def model_status(args: argparse.Namespace, name: str) -> int:
     """``farm status MODEL``: versions, aliases, what nodes reported, top misses."""
     client = _client(args)
-    model = next((m for m in client.models() if m.get("name") == name), None)
+    models = client.models()
+    model = next((m for m in models if m.get("name") == name), None)
     if model is None:
-        raise CommandFailed(f"no job or model {name!r}: `farm jobs` and `farm models` list them")
+        import difflib
+
+        close = difflib.get_close_matches(name, [str(m.get("name")) for m in models], n=3)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        raise CommandFailed(f"no job or model {name!r}: {hint}`farm jobs` and `farm models` "
+                            "list them")
     reports = client.model_reports(name, since_s=getattr(args, "since", None))
     status = {"model": model, "reports": reports, "policy": client.policy(name)}
     return answer(args, status, lambda s: _model_status_lines(name, **s))
@@ -159,7 +165,8 @@ def add_parsers(sub: Any, *, model_ref: Any) -> None:
             "what fleet nodes did not get from the farm (their reports), most frequent first",
             arg("model", nargs="?", default=None, metavar="MODEL"),
             arg("--since", type=float, default=None, metavar="S", help="only the last S seconds"),
-            arg("--limit", type=int, default=50, metavar="N"))
+            arg("--limit", type=int, default=50, metavar="N",
+                help="at most N groups (default: 50)"))
     command(sub, "coverage", cmd_coverage,
             "what each version's artifacts serve, and what nodes asked for that none does",
             arg("model", type=model_ref, metavar="MODEL[@VERSION]"))
@@ -172,7 +179,8 @@ def add_parsers(sub: Any, *, model_ref: Any) -> None:
             arg("--build-on-miss", dest="build_on_miss", action="store_true", default=None,
                 help="a miss nodes report (a known version on a live target, or a shape no "
                      "artifact covers) starts a build"),
-            arg("--no-build-on-miss", dest="build_on_miss", action="store_false"),
+            arg("--no-build-on-miss", dest="build_on_miss", action="store_false",
+                help="stop building what nodes miss"),
             arg("--min-interval", type=float, default=None, metavar="S",
                 help="at most one build on miss per S seconds for this model (default 60)"))
 

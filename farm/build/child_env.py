@@ -5,6 +5,7 @@ not compile (``without_compilers``: the verifier, a cold node)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -117,6 +118,12 @@ def _is_compiler(name: str) -> bool:
     return _COMPILER_RE.match(name) is not None
 
 
+def _remove_own(path: Path, pid: int) -> None:
+    """At exit, remove what this process made (not what a fork inherited)."""
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def without_compilers(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: this process's) as seen by a node with no C/C++ compiler.
 
@@ -142,6 +149,7 @@ def without_compilers(env: Mapping[str, str] | None = None) -> dict[str, str]:
                             with contextlib.suppress(OSError):
                                 (d / exe.name).symlink_to(exe)
             _NO_CC_DIR = d
+            atexit.register(_remove_own, d, os.getpid())
     env["PATH"] = str(_NO_CC_DIR)
     for var in ("CC", "CXX", "CPP", "TORCHINDUCTOR_CPP_COMPILER"):
         env.pop(var, None)

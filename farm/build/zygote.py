@@ -40,6 +40,7 @@ does the same for that child.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -97,10 +98,28 @@ _MAX_ZYGOTES = 3
 
 
 def slot_root() -> Path:
-    """This worker process's slot: the one writable directory its zygotes see."""
-    root = Path(tempfile.gettempdir()) / f"farm-slot-{os.getpid()}"
+    """This worker process's slot: the one writable directory its zygotes see.
+    Removed when this process exits (its zygotes stopped first)."""
+    pid = os.getpid()
+    root = Path(tempfile.gettempdir()) / f"farm-slot-{pid}"
     root.mkdir(mode=0o711, exist_ok=True)
+    if pid not in _SLOT_CLEANUP:
+        _SLOT_CLEANUP.add(pid)
+        atexit.register(_remove_slot, root, pid)
     return root
+
+
+# The pids whose slot is removed at exit: a forked child inherits the
+# parent's atexit handlers, and must not remove the parent's slot.
+_SLOT_CLEANUP: set[int] = set()
+
+
+def _remove_slot(root: Path, pid: int) -> None:
+    if os.getpid() != pid:
+        return
+    with contextlib.suppress(Exception):
+        ZYGOTES.stop_all()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def work_dir() -> str | None:

@@ -32,6 +32,11 @@ class FarmAdmin(ApiSession):
         body = self._request("GET", "/v1/models")
         return list(body.get("models", []) if isinstance(body, dict) else body)
 
+    def model(self, name: str) -> dict[str, Any]:
+        """One model: its versions, each with its artifacts, and its aliases
+        (``farm artifacts``)."""
+        return dict(self._request("GET", f"/v1/models/{quote(name, safe='')}"))
+
     def set_alias(self, model: str, alias: str, version: str) -> dict[str, Any]:
         """Point ``model@alias`` at ``version`` (``farm alias set``): promote, or
         roll back; the answer's ``previous`` is where it pointed before."""

@@ -137,6 +137,7 @@ class FarmClient(FarmTrust):
             uploaded = True
         shipped = [str(x) for x in (source, *wheels, requirements) if x is not None]
         return {"digest": p.digest, "size": p.size, "files": len(p.files),
+                "source_bytes": _file_bytes(p.data),
                 "source": ", ".join(shipped), "uploaded": uploaded}
 
     def wait(
@@ -439,3 +440,13 @@ class FarmClient(FarmTrust):
             # An Inductor TP artifact reloads without its mesh (bind_mesh says why).
             bind_mesh(mesh)
         return fn
+
+
+def _file_bytes(tar: bytes) -> int:
+    """The bytes of the files in a code pack (a tar's headers and padding
+    make even a one-line file a 10 KB pack)."""
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        return sum(m.size for m in t.getmembers() if m.isfile())

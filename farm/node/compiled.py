@@ -274,7 +274,11 @@ class CompiledHandle:
         log.info("torch-farm: %s@%s runs artifact %s (%s) for %s%s", self.model,
                  pre.version, pre.digest[:12], pre.format, pre.target,
                  " (offline: from this node's cache)" if pre.offline else "")
-        return FarmCompiled(fn, module_or_fn, prefetched=pre, reason=None,
+        # Served: the reason names what runs, so a log line tells which artifact.
+        offline = ", offline: from this node's cache" if pre.offline else ""
+        served = (f"farm artifact {pre.digest[:12]} ({pre.format}) of {self.model}@{pre.version} "
+                  f"for {pre.target}{offline}")
+        return FarmCompiled(fn, module_or_fn, prefetched=pre, reason=served,
                             on_guard_failure=functools.partial(self._guard_failed, pre))
 
     def _report(self, kind: str, pre: Prefetched | None, *, inputs: Any = None,
@@ -349,7 +353,9 @@ def class_mismatch(artifact: dict[str, Any], module_or_fn: Any, *,
 class FarmCompiled:
     """What ``compiled`` returns: calls the artifact, or JIT when there is none.
 
-    ``source`` is ``"farm"`` or ``"jit"``; ``reason`` says why JIT was used.
+    ``source`` is ``"farm"`` or ``"jit"``; ``reason`` names the artifact that
+    runs (``farm artifact 5a307ab4c1d2 (aoti) of M@V for TARGET``) or says why
+    JIT was used.
     A call the artifact's guards reject (another grad mode, shape or dtype
     than it was built for) runs on JIT as well, rather than failing: guards
     are checked before any kernel runs, so nothing ran twice.

@@ -164,8 +164,10 @@ def verify_local_file(path: str | Path, *, root_key: Any = None,
                f"{hashlib.sha256(farm_url.encode()).hexdigest()[:16]}.root.pem")
         if not pin.exists():
             raise verify.AttestationRefused(
-                "no root key to check it with: set FARM_ROOT_KEY to the farm's root public "
-                "key", field="root_key")
+                f"no root key to check it with: set FARM_ROOT_KEY to the root public key of "
+                f"the farm it came from ({farm_url or 'unknown'}; an embedded farm's is "
+                f"FARM_HOME/root-key.pem.pub); for a farm on this machine, any farm command "
+                f"against it pins its key in {pin}", field="root_key")
         source = pin
     if target is None:
         bundle_req = verify.read_bundle(path).get("request") or {}

@@ -56,6 +56,13 @@ TRUST_LIST_TTL_S = 30.0
 NODE_REQUEST = "node_request"
 
 
+def pin_path(cache_root: Path, url: str) -> Path:
+    """Where a node keeps the root key it pinned for the farm at ``url`` on
+    first use (a loopback farm only)."""
+    name = hashlib.sha256(url.encode()).hexdigest()[:16]
+    return cache_root / "trusted-keys" / f"{name}.root.pem"
+
+
 class FarmTrust(FarmAdmin):
     """``FarmAdmin``'s calls, and this node's trust in the farm: the root key
     (``root_key``, else ``FARM_ROOT_KEY``, else pinned on first use for a
@@ -117,8 +124,17 @@ class FarmTrust(FarmAdmin):
             return key
 
     def _pin_path(self) -> Path:
-        name = hashlib.sha256(self.url.encode()).hexdigest()[:16]
-        return self.cache.root / "trusted-keys" / f"{name}.root.pem"
+        return pin_path(self.cache.root, self.url)
+
+    def root_key_origin(self) -> str:
+        """Where this node's root key for the farm comes from, and what to do
+        when the farm's trust list is not signed by it (for error messages)."""
+        if self._public_key_source is not None:
+            return ("the root key this node was given (FARM_ROOT_KEY or root_key=); set it to "
+                    f"the root public key of the farm at {self.url}")
+        return (f"the root key this node pinned for {self.url} on first use, in "
+                f"{self._pin_path()}; if that farm was reset (a new FARM_HOME) and you trust "
+                f"it, run `farm trust reset {self.url}` and retry")
 
     def _pinned_key(self) -> Ed25519PublicKey:
         from farm.core.signing import key_id, load_public_key, public_key_pem
@@ -181,7 +197,12 @@ class FarmTrust(FarmAdmin):
                 try:
                     fetched = attest.verify_trust_list(body, root)
                 except attest.AttestationError as exc:
-                    raise AttestationRefused(str(exc), field=exc.field) from None
+                    message = str(exc)
+                    if exc.field == "trust_list":
+                        # Another root signed it: say which key refused it and how to re-trust.
+                        origin = self.root_key_origin()
+                        message += f"; the farm's trust list is not signed by {origin}"
+                    raise AttestationRefused(message, field=exc.field) from None
             tl = self.trust_store().accept_trust_list(fetched, root)
             self._trust = (now, tl)
             return tl

@@ -79,6 +79,7 @@ def _environment() -> jinja2.Environment:
         bytes=fmt.human_bytes,
         json=fmt.json_text,
         flatten=fmt.flatten,
+        err=fmt.error_value,
     )
     return env
 
@@ -123,7 +124,10 @@ def _local_next(target: str | None) -> str:
 def _html(request: Request, template: str, context: dict[str, Any], *,
           status: int = 200, who: Principal | None = None) -> HTMLResponse:
     response = templates.TemplateResponse(
-        request, template, {"who": who, "prefix": PREFIX, **context}, status_code=status)
+        request, template,
+        # Auth off: nobody signed in, so there is nothing to sign out of.
+        {"who": who, "prefix": PREFIX, "anonymous_name": ANONYMOUS_ADMIN.name, **context},
+        status_code=status)
     response.headers.update(SECURITY_HEADERS)
     return response
 
@@ -247,6 +251,10 @@ def overview(request: Request) -> Response:
         workers = service.live_workers(state.db, max_age_s=state.heartbeat_max_age_s)
         return "overview.html", {
             "counts": service.counts(state.db),
+            # Two notions, each labelled: the API's own resolve misses, and
+            # what nodes reported not getting (the misses page lists these).
+            "node_reports": sum(x["count"] for x in report_service.miss_summary(
+                state.db, limit=100_000)),
             "jobs": service.list_jobs(state.db, limit=15),
             "models": _readable_models(state, who),
             "workers": sorted(workers, key=lambda w: (w["kind"], w["target"] or "", w["id"])),

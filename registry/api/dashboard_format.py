@@ -124,6 +124,14 @@ def short_time(iso: str | None) -> str:
         return iso
 
 
+def error_value(x: float | None) -> str:
+    """A verification error as people read it: three significant digits
+    (``2.98e-07``, ``0.0938``), not every digit a float has."""
+    if x is None:
+        return ""
+    return f"{float(x):.3g}"
+
+
 def human_bytes(n: int | None) -> str:
     return text.human_bytes(n, missing="")
 

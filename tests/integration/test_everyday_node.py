@@ -77,7 +77,9 @@ def test_readme_snippet_as_written_gets_the_farms_artifact(built: dict[str, str]
     env = {**built, "CLIENT_CACHE_DIR": str(tmp_path / "cache")}
     out = _node(env)
     assert out["source"] == "farm", out["log"][-3000:]
-    assert out["reason"] is None
+    # The reason names what runs: the artifact, its format, the version.
+    assert out["reason"].startswith("farm artifact ") and "of node-mlp@1 for cpu/" in out["reason"]
+    assert out["format"] in out["reason"]
     assert out["max_diff"] < 1e-4
     # The caller's grad mode is left as it was; only the artifact's call ran without grad.
     assert out["grad_enabled"] is True

@@ -36,7 +36,8 @@ def submit(*argv: str) -> int:
 
 def test_a_file_entrypoint_ships_that_file(fake: FakeClient, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "mymodel.py").write_text("raise SystemExit('never imported')\n")
+    (tmp_path / "mymodel.py").write_text("raise SystemExit('never imported')\n\n\n"
+                                         "def make(): ...\n")
     monkeypatch.chdir(tmp_path)
     assert submit("./mymodel.py:make") == 0
     (spec, source), = fake.calls
@@ -48,7 +49,7 @@ def test_source_and_installed_code(fake: FakeClient, tmp_path: Path,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     pkg = tmp_path / "proj" / "nets"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("def make(): ...\n")
     monkeypatch.chdir(tmp_path)
     assert submit("nets:make", "--source", "proj") == 0
     assert fake.calls[-1][1] == tmp_path / "proj"
