@@ -68,6 +68,7 @@ from farm.build.isolation import (
     bwrap_argv,
     farm_package_dir,
     setpriv,
+    worker_pythonpath,
 )
 from farm.build.watchdog import Watch
 from farm.build.watchdog import watch as watch_child
@@ -153,9 +154,11 @@ def run_isolated(
     # even when farm is not installed but only on sys.path (a source checkout).
     farm_root = str(farm_package_dir().parent)
     paths = [str(Path(p)) for p in import_paths]
+    # An isolated child keeps the worker's own PYTHONPATH directories (mounted
+    # read-only by farm.build.isolation), never the caller's relative ones.
+    inherited = (worker_pythonpath() if isolation else [child_env.get("PYTHONPATH", "")])
     child_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (*paths, farm_root, "" if isolation else child_env.get("PYTHONPATH", "")) if p
-    )
+        dict.fromkeys(p for p in (*paths, farm_root, *inherited) if p))
     child_env.setdefault("PYTHONFAULTHANDLER", "1")
     if isolation is not None and warm and zygote.enabled():
         forked = _run_in_zygote(target, payload, timeout_s=timeout_s, memory_mb=memory_mb,
@@ -169,29 +172,37 @@ def run_isolated(
         out_path, err_path = tmpdir / "stdout", tmpdir / "stderr"
         argv = [sys.executable, "-m", "farm.build.sandbox", target, str(tmpdir)]
         popen_cwd = str(cwd) if cwd else None
+        pass_fds: tuple[int, ...] = ()
+        cmd = None
         if isolation is None:
             argv.append(str(os.getpid()))
         else:
             argv.append("isolated")
             child_env.update(sandbox_user(tmpdir))
-            argv = bwrap_argv(argv, isolation=isolation, tmpdir=tmpdir,
-                              readonly=(*paths, *isolation.readonly),
-                              env=child_env, cwd=cwd, memory_mb=memory_mb)
+            cmd = bwrap_argv(argv, isolation=isolation, tmpdir=tmpdir,
+                             readonly=(*paths, *isolation.readonly),
+                             env=child_env, cwd=cwd, memory_mb=memory_mb)
+            argv, pass_fds = cmd.argv, cmd.pass_fds
             popen_cwd = None
         t0 = time.monotonic()
         with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out_f,
-                stderr=err_f,
-                cwd=popen_cwd,
-                env=child_env,
-                # Its own session and process group: one killpg ends the child
-                # and everything it started, and a Ctrl-C aimed at the parent's
-                # terminal does not reach it.
-                start_new_session=True,
-            )
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out_f,
+                    stderr=err_f,
+                    cwd=popen_cwd,
+                    env=child_env,
+                    pass_fds=pass_fds,
+                    # Its own session and process group: one killpg ends the
+                    # child and everything it started, and a Ctrl-C aimed at
+                    # the parent's terminal does not reach it.
+                    start_new_session=True,
+                )
+            finally:
+                if cmd is not None:
+                    cmd.close()  # the child has its own copy of the filter
             watch = watch_child(proc, timeout_s=timeout_s, memory_mb=memory_mb)
         return _finish(tmpdir, proc.returncode, watch, time.monotonic() - t0,
                        timeout_s=timeout_s, memory_mb=memory_mb,
@@ -209,7 +220,8 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
     inside = [*isolation.readonly, *isolation.writable, *([cwd] if cwd else [])]
     if not all(zygote.under(p, slot) for p in inside):
         return None
-    zenv = {**child_env, "PYTHONPATH": farm_root}
+    tail = [farm_root, *worker_pythonpath()]
+    zenv = {**child_env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(tail))}
     z = zygote.ZYGOTES.take(zenv, uid=isolation.uid, memory_mb=memory_mb,
                             preload=zygote.preload_for(target))
     if z is None:
@@ -233,7 +245,7 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
             for own in (str(io_dir), *isolation.writable):
                 _chown_tree(Path(own), isolation.uid)
         before = {p: _digest(p) for p in isolation.readonly}
-        env = {**child_env, "PYTHONPATH": os.pathsep.join([*copies, farm_root]),
+        env = {**child_env, "PYTHONPATH": os.pathsep.join(dict.fromkeys([*copies, *tail])),
                **user}
         work = str(Path(cwd).resolve()) if cwd else str(io_dir)
         t0 = time.monotonic()

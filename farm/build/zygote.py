@@ -181,7 +181,7 @@ class Zygote:
 
         self.state = Path(tempfile.mkdtemp(prefix="zygote-", dir=self.slot))
         env = {**self.env, **sandbox_user(self.state)}
-        argv = bwrap_argv([sys.executable, "-m", "farm.build.zygote", str(self.slot),
+        cmd = bwrap_argv([sys.executable, "-m", "farm.build.zygote", str(self.slot),
                            self.preload],
                           isolation=Isolation(writable=(str(self.slot),), uid=self.uid),
                           tmpdir=self.state, readonly=(), env=env, cwd=None,
@@ -193,8 +193,12 @@ class Zygote:
             os.chown(self.slot, 0, 0)
             os.chmod(self.slot, 0o711)
         with open(self.state / "zygote.log", "wb") as err:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=err, env=env, start_new_session=True)
+            try:
+                self.proc = subprocess.Popen(cmd.argv, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=err, env=env,
+                                             pass_fds=cmd.pass_fds, start_new_session=True)
+            finally:
+                cmd.close()
         ready = self._reply(_START_TIMEOUT_S)
         if not ready.get("ready"):
             raise ZygoteFailed(f"zygote did not start: {ready}")

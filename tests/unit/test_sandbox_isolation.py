@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import textwrap
 import uuid
@@ -18,16 +17,25 @@ from pathlib import Path
 import pytest
 
 from farm.build import sandbox
-from farm.build.isolation import DEFAULT_SANDBOX_UID, Isolation, SandboxUnavailable
+from farm.build.isolation import (
+    DEFAULT_SANDBOX_UID,
+    Isolation,
+    SandboxUnavailable,
+    worker_pythonpath,
+)
 from farm.build.sandbox import (
     build_isolation,
     check_worker_can_isolate,
     isolation_unavailable,
     run_isolated,
 )
+from tests.sandbox_required import require_sandbox
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
-                                reason="bubblewrap is not installed (scripts/bootstrap.sh)")
+
+@pytest.fixture(autouse=True)
+def _needs_sandbox() -> None:
+    require_sandbox()
+
 
 PROBE = textwrap.dedent('''
     import os, socket, time
@@ -142,6 +150,47 @@ def test_the_child_sees_nothing_of_the_worker(probe_dir: Path, tmp_path: Path,
     assert planted not in repr(v["env"]), "a planted secret reached the child's environment"
     assert "DATABASE_URL" not in v["env"] and "INNOCENT_LOOKING" not in v["env"]
     assert v["home"] != os.path.expanduser("~")
+
+
+def test_the_workers_pythonpath_reaches_an_isolated_child(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # A host whose farm dependencies come from PYTHONPATH (a GPU image's
+    # packages outside any site directory): the verifier child imports them.
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    (deps / "only_on_pythonpath.py").write_text(
+        "import os, sys\n"
+        "def where(p):\n"
+        "    return {'file': __file__, 'path': os.environ['PYTHONPATH']}\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(deps), "relative/dir", ""]))
+    res = run_isolated("only_on_pythonpath:where", {}, timeout_s=60, memory_mb=2000,
+                       isolation=Isolation(), warm=False)
+    assert res.ok, (res.error, res.traceback, res.stderr_tail)
+    assert res.value["file"] == str(deps / "only_on_pythonpath.py")
+    entries = res.value["path"].split(os.pathsep)
+    assert str(deps) in entries and "relative/dir" not in entries and "" not in entries
+    # ... mounted read-only, like the rest of the Python installation.
+    res = run_isolated("isoprobe:look", {"parent": 1, "secret_file": "/nonexistent", "ports": [],
+                                         "write_dirs": [str(deps)]},
+                       timeout_s=60, memory_mb=2000, import_paths=[_probe_code(tmp_path)],
+                       isolation=Isolation(), warm=False)
+    assert res.ok and res.value["writes"][str(deps)] == "OSError", res
+
+
+def test_worker_pythonpath_keeps_absolute_directories_only(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    raw = os.pathsep.join([str(a), "", "rel", str(tmp_path / "missing"), str(b), str(a)])
+    assert worker_pythonpath({"PYTHONPATH": raw}) == [str(a), str(b)]
+    assert worker_pythonpath({}) == []
+
+
+def _probe_code(tmp_path: Path) -> Path:
+    d = tmp_path / "probe-code"
+    d.mkdir(exist_ok=True)
+    (d / "isoprobe.py").write_text(PROBE)
+    return d
 
 
 def test_limits_still_end_an_isolated_child(probe_dir: Path) -> None:
