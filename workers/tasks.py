@@ -74,7 +74,7 @@ def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
     if res.timed_out:
         head = f"timed out after {res.wall_s:.0f} s"
     elif res.oom:
-        head = f"exceeded its memory limit ({res.peak_rss_mb:.0f} MB peak)"
+        head = res.describe()  # the peak, what took the memory, the setting that raises it
     elif res.signal:
         head = f"crashed with signal {res.signal}"
     else:
@@ -84,6 +84,8 @@ def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
             else f"exited with code {res.exit_code}"
         )
     parts = [head]
+    if res.limits:
+        parts.append(f"limits: {res.limits}")
     if res.traceback:
         parts.append(res.traceback)
     if res.stderr_tail:
@@ -268,7 +270,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
             return
         assert res.value is not None
         new: list[service.NewArtifact] = []
-        logs: list[str] = [f"compiled in {compile_s:.1f} s"]
+        logs: list[str] = [f"compiled in {compile_s:.1f} s; limits: {res.limits}"]
         failures: list[str] = []
         # Formats that compiled but failed verification: recorded on the
         # artifacts that are kept, so the job view and the resolver say so.

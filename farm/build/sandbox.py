@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.build import zygote
+from farm.build import memory_budget, zygote
 from farm.build.child_env import allowed_env, sandbox_user, scrubbed_env
 from farm.build.isolation import (
     DEFAULT_SANDBOX_UID,
@@ -101,7 +101,12 @@ class SandboxResult:
     stdout_tail: str = ""
     stderr_tail: str = ""
     wall_s: float = 0.0
+    # The peak of what counted against the memory limit (PSS plus tmpfs, MB).
     peak_rss_mb: float = 0.0
+    # The peak of the plain resident-set sum (torch's shared pages once per process).
+    peak_rss_sum_mb: float = 0.0
+    # Which limits applied, for the build log ("kernel: cgroup ..." or the watchdog).
+    limits: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,7 +118,8 @@ class SandboxResult:
         if self.timed_out:
             return f"timed out after {self.wall_s:.0f} s"
         if self.oom:
-            return f"exceeded its memory limit ({self.peak_rss_mb:.0f} MB peak)"
+            head = f"exceeded its memory limit ({self.peak_rss_mb:.0f} MB peak)"
+            return f"{head}: {self.error}" if self.error else head
         if self.signal:
             return f"crashed with {self.signal}"
         if self.error_type:
@@ -147,9 +153,14 @@ def run_isolated(
     """
     if ":" not in target:
         raise ValueError(f"bad sandbox target {target!r}: expected 'package.module:function'")
+    memory_mb = memory_budget.build_limit_mb(memory_mb) if memory_mb <= 0 else memory_mb
     child_env = scrubbed_env(env, env_extra)
     if isolation is not None:
         child_env = allowed_env(child_env, env_extra)
+    # Inductor's parallel compile pool, sized to fit the limit (each worker is
+    # a Python of its own), unless the caller chose.
+    child_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS",
+                         str(memory_budget.compile_threads(memory_mb)))
     # The child must import farm (and the target) the way this process does,
     # even when farm is not installed but only on sys.path (a source checkout).
     farm_root = str(farm_package_dir().parent)
@@ -284,6 +295,7 @@ def _finish(tmpdir: Path, rc: int | None, watch: Watch, wall: float, *, timeout_
         ok=False,
         wall_s=wall,
         peak_rss_mb=watch.peak_rss_mb,
+        peak_rss_sum_mb=watch.peak_rss_sum_mb,
         timed_out=watch.timed_out,
         oom=watch.oom,
         stdout_tail=_tail(out_path),
@@ -300,7 +312,7 @@ def _finish(tmpdir: Path, rc: int | None, watch: Watch, wall: float, *, timeout_
         res.error = (
             f"killed after {timeout_s:.0f} s wall-clock limit"
             if watch.timed_out
-            else f"killed above {memory_mb:.0f} MB resident memory"
+            else _memory_out(memory_mb, watch)
         )
         return res
     result_file = tmpdir / _RESULT
@@ -321,6 +333,15 @@ def _finish(tmpdir: Path, rc: int | None, watch: Watch, wall: float, *, timeout_
         if bwrap_status and "bwrap:" in res.stderr_tail:
             res.error += f" (the sandbox failed to start: {_first_bwrap_line(res)})"
     return res
+
+
+def _memory_out(memory_mb: float, watch: Watch) -> str:
+    """What a memory-out says: the limit, what took the memory, how to raise it."""
+    took = f"; the largest: {watch.culprits}" if watch.culprits else ""
+    return (f"killed above {memory_mb:.0f} MB (the proportional set size of its processes "
+            f"plus the files in its /tmp and /dev/shm){took}. Raise the limit with "
+            f"{memory_budget.SETTING} (MB; 0 means half this machine's memory, at least "
+            f"{memory_budget.FLOOR_MB // 1024} GB), or make the model need less")
 
 
 def _first_bwrap_line(res: SandboxResult) -> str:

@@ -52,9 +52,12 @@ class Settings(BaseSettings):
     farm_admin_token: str = ""
     # Embedded mode turns auth off only when explicitly asked.
     farm_auth: bool = True
-    # Limits for model code run by workers.
+    # Limits for model code run by workers. BUILD_MEMORY_MB: what one build
+    # child may use (PSS of its processes plus its /tmp and /dev/shm; a cgroup's
+    # memory.max where FARM_BUILD_CGROUP is set); 0: half this machine's
+    # memory, at least 8 GB (farm.build.memory_budget).
     build_timeout_s: int = 900
-    build_memory_mb: int = 8192
+    build_memory_mb: int = 0
     trace_timeout_s: int = 300
     # How build children run model code (farm.build.sandbox): "on" (isolated
     # in namespaces as FARM_SANDBOX_UID; a worker that cannot isolate refuses
