@@ -359,9 +359,18 @@ def isolation_unavailable(uid: int = DEFAULT_SANDBOX_UID) -> str | None:
         return NO_BWRAP
     if os.geteuid() == 0 and not Path(setpriv()).exists():
         return "setpriv (util-linux) is not installed: the sandbox needs it to drop to its uid"
+    from farm.build import isolation_probe
+    from farm.core.settings import get_settings
+
     try:
-        res = run_isolated("farm.build.sandbox:_probe", {}, timeout_s=60, memory_mb=4096,
-                           isolation=Isolation(uid=uid), warm=False)
+        with isolation_probe.listener() as port:
+            ports = [port]
+            farm = isolation_probe.farm_port(str(get_settings().farm_url))
+            if farm is not None:
+                ports.append(farm)
+            res = run_isolated("farm.build.isolation_probe:probe_child",
+                               isolation_probe.payload(ports), timeout_s=60, memory_mb=4096,
+                               isolation=Isolation(uid=uid), warm=False)
     except SandboxUnavailable as exc:
         return str(exc)
     if not res.ok:
@@ -370,26 +379,11 @@ def isolation_unavailable(uid: int = DEFAULT_SANDBOX_UID) -> str | None:
                 "user and mount namespaces (docker: security_opt seccomp=unconfined and "
                 "apparmor=unconfined, or --privileged), or set FARM_SANDBOX=off for "
                 "development only")
-    value = res.value or {}
-    if value.get("uid") != uid or value.get("can_reach_parent"):
-        return f"the sandbox probe ran but is not isolated: {value}"
+    weak = isolation_probe.findings(res.value or {}, uid=uid,
+                                    child_env=allowed_env(scrubbed_env(None), None))
+    if weak:
+        return "the sandbox is weaker than configured: " + "; ".join(weak)
     return None
-
-
-def _probe(payload: dict[str, Any]) -> dict[str, Any]:
-    """The isolation probe's child: who it is and what it can see."""
-    import socket
-
-    reach = False
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", 22), timeout=0.5):
-        reach = True
-    parent_env = f"/proc/{os.getppid()}/environ"
-    return {"uid": os.getuid(), "pid": os.getpid(),
-            "procs": len([p for p in os.listdir("/proc") if p.isdigit()]),
-            # The worker's pid is not in this pid namespace; pid 1 (the
-            # sandbox's init) must not be readable either.
-            "can_reach_parent": os.getppid() > 1 and os.access(parent_env, os.R_OK),
-            "loopback_reachable": reach}
 
 
 def sandbox_mode(value: str | None = None) -> str:

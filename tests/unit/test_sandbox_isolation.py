@@ -247,3 +247,50 @@ def test_a_worker_that_cannot_isolate_refuses_to_start(tmp_path: Path) -> None:
     assert out.returncode != 0
     assert "cannot isolate model code" in out.stderr, out.stderr[-2000:]
     assert "apt-get install -y bubblewrap" in out.stderr and "FARM_SANDBOX=off" in out.stderr
+
+
+def test_the_start_probe_fails_a_sandbox_weaker_than_configured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sandbox that lost its network namespace, its pid namespace and its
+    # seccomp filter (a bubblewrap wrapper, a misconfigured host): the probe
+    # child reaches the worker's loopback, shares its pids and may create
+    # user namespaces, and the worker refuses to start.
+    real = sandbox.bwrap_argv
+
+    def weaker(*args: object, **kw: object) -> object:
+        cmd = real(*args, **kw)  # type: ignore[arg-type]
+        argv = cmd.argv
+        i = argv.index("--seccomp")
+        del argv[i:i + 2]
+        argv.remove("--unshare-net")
+        argv.remove("--unshare-pid")
+        return cmd
+
+    monkeypatch.setattr(sandbox, "bwrap_argv", weaker)
+    isolation_unavailable.cache_clear()
+    try:
+        why = isolation_unavailable()
+        assert why is not None and why.startswith("the sandbox is weaker than configured"), why
+        assert "reached 127.0.0.1" in why and "pid namespace" in why, why
+        assert "no seccomp filter" in why and "user namespace was not refused" in why, why
+        with pytest.raises(SandboxUnavailable, match="weaker than configured"):
+            check_worker_can_isolate("on")
+    finally:
+        isolation_unavailable.cache_clear()
+        monkeypatch.undo()
+    assert isolation_unavailable() is None  # the real sandbox passes every check
+
+
+def test_the_probe_finds_the_workers_environment_in_a_readable_environ(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm.build import isolation_probe
+
+    monkeypatch.setenv("DATABASE_URL", "postgresql://farm:hunter2@db/farm")
+    leaked = isolation_probe._entry_digest("DATABASE_URL", "postgresql://farm:hunter2@db/farm")
+    ok = {"uid": 65534, "pid_ns": "pid:[1]", "connects": {"1": "ConnectionRefusedError"},
+          "environs": {"2": [isolation_probe._entry_digest("PATH", os.environ["PATH"])]},
+          "seccomp": "2", "unshare_errno": 1}
+    assert isolation_probe.findings(ok, uid=65534, child_env={"PATH": os.environ["PATH"]}) == []
+    bad = {**ok, "environs": {"1": [leaked]}}
+    (why,) = isolation_probe.findings(bad, uid=65534, child_env={"PATH": os.environ["PATH"]})
+    assert "/proc/1/environ" in why, why
