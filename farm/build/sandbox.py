@@ -39,6 +39,7 @@ endless compile costs one child, not the worker.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import json
@@ -56,7 +57,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.build import memory_budget, zygote
+from farm.build import memory_budget, uid_slots, zygote
 from farm.build.child_env import allowed_env, sandbox_user, scrubbed_env
 from farm.build.isolation import (
     DEFAULT_SANDBOX_UID,
@@ -82,7 +83,7 @@ _RESULT = "result.json"
 _PAYLOAD = "payload.json"
 
 # rlimits of an isolated child (besides RLIMIT_CORE=0 for every child).
-ISOLATED_NPROC = 4096
+ISOLATED_NPROC = 2048  # without FARM_SANDBOX_MAX_PROCS (BUILD_MAX_PROCS)
 ISOLATED_FSIZE = 64 * 1024**3
 
 
@@ -171,12 +172,37 @@ def run_isolated(
     child_env["PYTHONPATH"] = os.pathsep.join(
         dict.fromkeys(p for p in (*paths, farm_root, *inherited) if p))
     child_env.setdefault("PYTHONFAULTHANDLER", "1")
-    if isolation is not None and warm and zygote.enabled():
-        forked = _run_in_zygote(target, payload, timeout_s=timeout_s, memory_mb=memory_mb,
-                                cwd=cwd, child_env=child_env, paths=paths, farm_root=farm_root,
-                                isolation=isolation)
-        if forked is not None:
-            return forked
+    if isolation is not None:
+        child_env["FARM_SANDBOX_MAX_PROCS"] = str(_max_procs())
+        if warm and zygote.enabled():
+            forked = _run_in_zygote(target, payload, timeout_s=timeout_s, memory_mb=memory_mb,
+                                    cwd=cwd, child_env=child_env, paths=paths,
+                                    farm_root=farm_root, isolation=isolation)
+            if forked is not None:
+                return forked
+    # A uid of its own while it runs (farm.build.uid_slots): its process limit
+    # is its own, and no other build's processes share its uid.
+    lease = uid_slots.take() if isolation is not None else None
+    try:
+        if lease is not None and isolation is not None:
+            isolation = dataclasses.replace(isolation, uid=lease.uid)
+        return _run_fresh(target, payload, timeout_s=timeout_s, memory_mb=memory_mb, cwd=cwd,
+                          child_env=child_env, paths=paths, isolation=isolation)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _max_procs() -> int:
+    from farm.core.settings import get_settings
+
+    return int(get_settings().build_max_procs)
+
+
+def _run_fresh(target: str, payload: Mapping[str, Any], *, timeout_s: float, memory_mb: float,
+               cwd: str | Path | None, child_env: dict[str, str], paths: list[str],
+               isolation: Isolation | None) -> SandboxResult:
+    """``run_isolated`` in a new interpreter (under bubblewrap with ``isolation``)."""
     with tempfile.TemporaryDirectory(prefix="farm-sandbox-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / _PAYLOAD).write_text(json.dumps(dict(payload)))
@@ -254,7 +280,7 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
         (io_dir / _PAYLOAD).write_text(json.dumps(dict(payload)))
         if os.geteuid() == 0:
             for own in (str(io_dir), *isolation.writable):
-                _chown_tree(Path(own), isolation.uid)
+                _chown_tree(Path(own), z.uid)  # the zygote's leased uid
         before = {p: _digest(p) for p in isolation.readonly}
         env = {**child_env, "PYTHONPATH": os.pathsep.join(dict.fromkeys([*copies, *tail])),
                **user}
@@ -379,7 +405,11 @@ def isolation_unavailable(uid: int = DEFAULT_SANDBOX_UID) -> str | None:
                 "user and mount namespaces (docker: security_opt seccomp=unconfined and "
                 "apparmor=unconfined, or --privileged), or set FARM_SANDBOX=off for "
                 "development only")
-    weak = isolation_probe.findings(res.value or {}, uid=uid,
+    s = get_settings()
+    uids = {uid, *range(s.farm_sandbox_uid_base, s.farm_sandbox_uid_base + s.farm_sandbox_uids)}
+    if os.geteuid() != 0:
+        uids = {uid}  # mapped in its own user namespace: the number it is given
+    weak = isolation_probe.findings(res.value or {}, uids=uids,
                                     child_env=allowed_env(scrubbed_env(None), None))
     if weak:
         return "the sandbox is weaker than configured: " + "; ".join(weak)
@@ -513,9 +543,11 @@ def child_main(argv: list[str]) -> int:
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if isolated:
-        # bubblewrap's --die-with-parent ties this child to the sandbox; the
-        # sandbox uid is shared by every build, so a fork bomb is bounded.
-        for lim, value in ((resource.RLIMIT_NPROC, ISOLATED_NPROC),
+        # bubblewrap's --die-with-parent ties this child to the sandbox; its
+        # uid is its own (farm.build.uid_slots), so a fork bomb meets this
+        # limit alone.
+        nproc = int(os.environ.get("FARM_SANDBOX_MAX_PROCS") or ISOLATED_NPROC)
+        for lim, value in ((resource.RLIMIT_NPROC, nproc),
                            (resource.RLIMIT_FSIZE, ISOLATED_FSIZE)):
             with contextlib.suppress(ValueError, OSError):
                 _, hard = resource.getrlimit(lim)

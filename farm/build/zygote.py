@@ -173,11 +173,18 @@ class Zygote:
     host_pid: int = 0
     dirty: bool = False
     state: Path | None = None
+    lease: Any = None  # farm.build.uid_slots.Lease, while started
     _buf: bytes = b""
 
     def start(self) -> None:
+        from farm.build import uid_slots
         from farm.build.child_env import sandbox_user
         from farm.build.isolation import Isolation, bwrap_argv
+
+        # A uid of its own for the zygote's life (farm.build.uid_slots): its
+        # children's process limit is not another build's.
+        self.lease = uid_slots.take()
+        self.uid = self.lease.uid
 
         self.state = Path(tempfile.mkdtemp(prefix="zygote-", dir=self.slot))
         env = {**self.env, **sandbox_user(self.state)}
@@ -226,6 +233,9 @@ class Zygote:
                     f.close()  # type: ignore[union-attr]
         if self.state is not None:
             shutil.rmtree(self.state, ignore_errors=True)
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
     def _send(self, msg: Mapping[str, Any]) -> None:
         assert self.proc is not None and self.proc.stdin is not None

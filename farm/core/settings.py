@@ -65,6 +65,13 @@ class Settings(BaseSettings):
     # "off" (development only: unisolated, a warning at every build).
     farm_sandbox: str = "on"
     farm_sandbox_uid: int = 65534
+    # A root worker gives each build child running on the host at once a uid
+    # of its own, FARM_SANDBOX_UID_BASE and up (farm.build.uid_slots), so the
+    # per-uid process limit, BUILD_MAX_PROCS, is per build; FARM_SANDBOX_UIDS=0
+    # runs every build as FARM_SANDBOX_UID.
+    farm_sandbox_uid_base: int = 60100
+    farm_sandbox_uids: int = 64
+    build_max_procs: int = 2048
     # Build children forked from a warm, sandboxed zygote that has imported
     # torch, Dynamo and Inductor (farm.build.zygote): "on", or "off" (every
     # child a new interpreter).
