@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.build import memory_budget, uid_slots, zygote
+from farm.build import cgroup_limits, memory_budget, uid_slots, zygote
 from farm.build.child_env import allowed_env, sandbox_user, scrubbed_env
 from farm.build.isolation import (
     DEFAULT_SANDBOX_UID,
@@ -174,7 +174,9 @@ def run_isolated(
     child_env.setdefault("PYTHONFAULTHANDLER", "1")
     if isolation is not None:
         child_env["FARM_SANDBOX_MAX_PROCS"] = str(_max_procs())
-        if warm and zygote.enabled():
+        # A zygote's children share its sandbox, so no cgroup of their own:
+        # with kernel limits configured every child starts fresh.
+        if warm and zygote.enabled() and cgroup_limits.configured() is None:
             forked = _run_in_zygote(target, payload, timeout_s=timeout_s, memory_mb=memory_mb,
                                     cwd=cwd, child_env=child_env, paths=paths,
                                     farm_root=farm_root, isolation=isolation)
@@ -221,6 +223,19 @@ def _run_fresh(target: str, payload: Mapping[str, Any], *, timeout_s: float, mem
                              env=child_env, cwd=cwd, memory_mb=memory_mb)
             argv, pass_fds = cmd.argv, cmd.pass_fds
             popen_cwd = None
+        cgroup_root = cgroup_limits.configured()
+        cg = None
+        watch_mb = memory_mb
+        if cgroup_root is not None:
+            try:
+                cg = cgroup_limits.create(cgroup_root, memory_mb=memory_mb,
+                                          max_procs=_max_procs())
+            except cgroup_limits.CgroupUnavailable as exc:
+                if cmd is not None:
+                    cmd.close()
+                raise SandboxUnavailable(str(exc)) from exc
+            argv = cg.wrap(argv)
+            watch_mb = memory_mb * cgroup_limits.WATCHDOG_SLACK  # the kernel acts first
         t0 = time.monotonic()
         with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
             try:
@@ -237,13 +252,40 @@ def _run_fresh(target: str, payload: Mapping[str, Any], *, timeout_s: float, mem
                     # the parent's terminal does not reach it.
                     start_new_session=True,
                 )
+            except BaseException:
+                if cg is not None:
+                    cg.close()
+                raise
             finally:
                 if cmd is not None:
                     cmd.close()  # the child has its own copy of the filter
-            watch = watch_child(proc, timeout_s=timeout_s, memory_mb=memory_mb)
-        return _finish(tmpdir, proc.returncode, watch, time.monotonic() - t0,
-                       timeout_s=timeout_s, memory_mb=memory_mb,
-                       bwrap_status=isolation is not None)
+            try:
+                watch = watch_child(proc, timeout_s=timeout_s, memory_mb=watch_mb)
+            finally:
+                kernel_oom = cg is not None and cg.oom_killed()
+                if cg is not None:
+                    watch.peak_rss_mb = max(watch.peak_rss_mb, cg.peak_mb())
+                    cg.close()
+        if kernel_oom and not watch.oom:
+            watch.oom = True
+            watch.culprits = "the kernel's memory.max of its cgroup (its processes and its tmpfs)"
+        res = _finish(tmpdir, proc.returncode, watch, time.monotonic() - t0,
+                      timeout_s=timeout_s, memory_mb=memory_mb,
+                      bwrap_status=isolation is not None)
+        res.limits = _limits(cg, memory_mb, isolation)
+        return res
+
+
+def _limits(cg: cgroup_limits.BuildCgroup | None, memory_mb: float,
+            isolation: Isolation | None) -> str:
+    """Which limits applied to a child, for the build log."""
+    procs = (f"; RLIMIT_NPROC {_max_procs()} on uid {isolation.uid}"
+             if isolation is not None and os.geteuid() == 0 else "")
+    if cg is not None:
+        return (f"{cg.describe()}; watchdog backstop at "
+                f"{memory_mb * cgroup_limits.WATCHDOG_SLACK:.0f} MB{procs}")
+    return (f"watchdog: PSS of its processes plus its tmpfs above {memory_mb:.0f} MB "
+            f"(no FARM_BUILD_CGROUP: no kernel memory limit){procs}")
 
 
 def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
@@ -295,6 +337,7 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
             z.dirty = True  # the sandbox goes with the child it could not stop
         res = _finish(io_dir, child.returncode, watch, time.monotonic() - t0,
                       timeout_s=timeout_s, memory_mb=memory_mb, bwrap_status=False)
+        res.limits = _limits(None, memory_mb, dataclasses.replace(isolation, uid=z.uid))
         changed = [p for p, d in before.items() if _digest(p) != d]
         if changed:
             res.ok = False
@@ -468,6 +511,10 @@ def check_worker_can_isolate(mode: str | None = None) -> None:
 
     why = isolation_unavailable(int(getattr(get_settings(), "farm_sandbox_uid",
                                             DEFAULT_SANDBOX_UID)))
+    root = cgroup_limits.configured()
+    if why is None and root is not None:
+        # Kernel limits asked for and impossible: weaker than configured.
+        why = cgroup_limits.check(root)
     if why is None:
         return
     if mode == "on":

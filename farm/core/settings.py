@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     farm_sandbox_uid_base: int = 60100
     farm_sandbox_uids: int = 64
     build_max_procs: int = 2048
+    # A cgroup v2 directory delegated to the farm (farm.build.cgroup_limits):
+    # each build child gets a child cgroup with memory.max and pids.max, the
+    # kernel's limits; empty: the PSS watchdog is the memory limit.
+    farm_build_cgroup: str = ""
     # Build children forked from a warm, sandboxed zygote that has imported
     # torch, Dynamo and Inductor (farm.build.zygote): "on", or "off" (every
     # child a new interpreter).
