@@ -15,6 +15,7 @@ EPERM (a clear error in the child, not a kill that looks like a crash):
   uid, not per namespace;
 - mounts, old and new API, and ``pivot_root``; ``open_by_handle_at`` (reads
   any file of a mounted file system by handle, past the sandbox's mounts);
+- ``io_uring``'s calls: a large kernel surface untrusted code does not need;
 - ``ioctl(TIOCSTI)``: typing into a terminal the child was given.
 
 ``clone3`` passes its flags in memory a filter cannot read, so it fails with
@@ -61,6 +62,11 @@ REFUSED = (
     "perf_event_open",
     "userfaultfd",
     "open_by_handle_at",
+    # io_uring: a large kernel surface behind its own syscalls (Docker and
+    # ChromeOS refuse it to untrusted code as well).
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
 )
 CLONE_NEWUSER = 0x10000000
 TIOCSTI = 0x5412

@@ -32,6 +32,7 @@ NR = {
     "pivot_root": 155 if _X86 else 41,
     "umount2": 166 if _X86 else 39,
     "fsopen": 430,
+    "io_uring_setup": 425,
 }
 CLONE_NEWUSER = 0x10000000
 SIGCHLD = 17
@@ -122,6 +123,7 @@ def attack(payload: dict[str, Any]) -> dict[str, str]:
         "perf_event_open(NULL)": _sys("perf_event_open", None, 0, -1, -1, 0),
         "userfaultfd": _sys("userfaultfd", 0),
         "open_by_handle_at(-1)": _sys("open_by_handle_at", -1, None, 0),
+        "io_uring_setup(NULL)": _sys("io_uring_setup", 1, None),
     }
     with open("/proc/self/status") as f:
         out["seccomp mode"] = next((ln.split()[1] for ln in f if ln.startswith("Seccomp:")), "?")
