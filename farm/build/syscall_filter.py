@@ -33,6 +33,7 @@ import errno
 import functools
 import os
 import tempfile
+from typing import Any
 
 # The calls refused outright (EPERM), whatever their arguments.
 REFUSED = (
@@ -82,11 +83,41 @@ class FilterUnavailable(RuntimeError):
     """libseccomp or its bindings are missing; the message says what to install."""
 
 
+def _carried_libseccomp() -> str | None:
+    """libseccomp where ``ctypes.util.find_library`` does not look: a library
+    unpacked from Debian's package without an install step (a GPU image
+    without it), found on ``LD_LIBRARY_PATH`` (find_library's own search
+    there needs the unversioned ``.so`` of the -dev package)."""
+    for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        if d:
+            for name in ("libseccomp.so.2", "libseccomp.so"):
+                if os.path.isfile(os.path.join(d, name)):
+                    return os.path.join(d, name)
+    return None
+
+
+def _bindings() -> Any:
+    """``pyseccomp``, pointed at a carried libseccomp where needed."""
+    import ctypes.util
+
+    if ctypes.util.find_library("seccomp") is None and (lib := _carried_libseccomp()):
+        real = ctypes.util.find_library
+        ctypes.util.find_library = lambda name: lib if name == "seccomp" else real(name)
+        try:
+            import pyseccomp
+        finally:
+            ctypes.util.find_library = real
+        return pyseccomp
+    import pyseccomp
+
+    return pyseccomp
+
+
 @functools.lru_cache(maxsize=1)
 def filter_bpf() -> bytes:
     """The compiled BPF program (built once per process)."""
     try:
-        import pyseccomp as sc
+        sc = _bindings()
     except (ImportError, OSError, RuntimeError) as exc:  # no bindings, or no libseccomp.so
         raise FilterUnavailable(f"{MISSING} ({exc})") from exc
     f = sc.SyscallFilter(sc.ALLOW)
