@@ -502,6 +502,11 @@ def check_worker_can_isolate(mode: str | None = None) -> None:
     when ``FARM_SANDBOX=on`` and this machine cannot isolate model code;
     log the warning for ``off`` and for ``auto`` without isolation."""
     mode = sandbox_mode(mode)
+    root = cgroup_limits.configured()
+    if root is not None and (bad := cgroup_limits.check(root)) is not None:
+        # Kernel limits asked for and impossible, whatever FARM_SANDBOX says:
+        # every build would fail.
+        raise SandboxUnavailable(f"this worker will not take builds: {bad}")
     if mode == "off":
         log.warning("FARM_SANDBOX=off: builds run model code unisolated, where it can read "
                     "this worker's credentials (database, broker, bucket, signing key); "
@@ -511,10 +516,6 @@ def check_worker_can_isolate(mode: str | None = None) -> None:
 
     why = isolation_unavailable(int(getattr(get_settings(), "farm_sandbox_uid",
                                             DEFAULT_SANDBOX_UID)))
-    root = cgroup_limits.configured()
-    if why is None and root is not None:
-        # Kernel limits asked for and impossible: weaker than configured.
-        why = cgroup_limits.check(root)
     if why is None:
         return
     if mode == "on":

@@ -103,6 +103,8 @@ class _Tree:
         self.tmpfs: list[str] = []  # the sandbox's /tmp and /dev/shm, seen from here
         self.last_rss_sum_mb = 0.0
         self._pss: dict[int, float] = {}
+        self._last_pss = 0.0
+        self._pss_due = 0.0
 
     def _rescan(self) -> None:
         with contextlib.suppress(psutil.Error):
@@ -130,14 +132,23 @@ class _Tree:
         self.last_rss_sum_mb = rss / 2**20
         if not look and self.last_rss_sum_mb + tmp <= limit_mb:
             return 0.0  # under the limit for sure; the peak is read at PSS looks
+        if time.monotonic() < self._pss_due:
+            # Hundreds of processes (a fork bomb) make a PSS look costly: the
+            # last one stands until a look is due again.
+            return self._last_pss + tmp
         return self.pss_mb() + tmp
 
     def pss_mb(self) -> float:
+        t0 = time.monotonic()
         self._pss = {}
         for p in self.members:
             with contextlib.suppress(psutil.Error, OSError):
                 self._pss[p.pid] = _pss_mb(p)
-        return sum(self._pss.values())
+        self._last_pss = sum(self._pss.values())
+        # At most a fifth of the watchdog's time on PSS looks.
+        cost = time.monotonic() - t0
+        self._pss_due = time.monotonic() + 4 * cost if cost > _POLL_S else 0.0
+        return self._last_pss
 
     def tmpfs_mb(self) -> float:
         total = 0.0
