@@ -10,17 +10,22 @@ endless compile costs one child, not the worker.
   (pipes would deadlock on large outputs and mix with the child's own prints).
 - Time: a wall-clock limit; on expiry the whole process group is killed
   (SIGTERM, then SIGKILL), so the g++ and compile-pool grandchildren die too.
-- Memory: a watchdog (``farm.build.watchdog``) samples the resident set of the child and all its
-  descendants and kills the group above the limit. ``RLIMIT_AS`` is not used:
+- Memory: a watchdog (``farm.build.watchdog``) samples the proportional set
+  size of the child and all its descendants plus its tmpfs and kills the
+  group above the limit (``BUILD_MEMORY_MB``; 0: ``farm.build.memory_budget``);
+  where ``FARM_BUILD_CGROUP`` is set the kernel enforces it first
+  (``farm.build.cgroup_limits``). ``RLIMIT_AS`` is not used:
   CUDA reserves far more virtual address space than it ever touches, so an
   address-space limit breaks every GPU child.
 - Environment: the farm's credentials never reach model code
   (``farm.build.child_env``).
 - Isolation (``Isolation``, what build children get; ``farm.build.isolation``
   writes bubblewrap's command line): the child runs under
-  bubblewrap in its own user, pid, net, mount, ipc and uts namespaces, as an
-  unprivileged uid (``FARM_SANDBOX_UID``, by default 65534 "nobody", when the
-  worker is root; the worker's own uid mapped to that number otherwise). It
+  bubblewrap in its own user, pid, net, mount, ipc and uts namespaces, under
+  a seccomp filter (``farm.build.syscall_filter``), as an unprivileged uid
+  (when the worker is root: one of its own while it runs,
+  ``farm.build.uid_slots``; the worker's own uid mapped to
+  ``FARM_SANDBOX_UID`` otherwise). It
   sees a fresh ``/proc`` with only its own processes (the worker's
   ``/proc/<pid>/environ`` does not exist there), no network (a down
   loopback: PostgreSQL, Redis and S3 on 127.0.0.1 are unreachable), and a
