@@ -88,7 +88,8 @@ _RESULT = "result.json"
 _PAYLOAD = "payload.json"
 
 # rlimits of an isolated child (besides RLIMIT_CORE=0 for every child).
-ISOLATED_NPROC = 2048  # without FARM_SANDBOX_MAX_PROCS (BUILD_MAX_PROCS)
+ISOLATED_NPROC = 2048  # without _MAX_PROCS_ENV (BUILD_MAX_PROCS)
+_MAX_PROCS_ENV = "SANDBOX_MAX_PROCS"
 ISOLATED_FSIZE = 64 * 1024**3
 
 
@@ -178,7 +179,8 @@ def run_isolated(
         dict.fromkeys(p for p in (*paths, farm_root, *inherited) if p))
     child_env.setdefault("PYTHONFAULTHANDLER", "1")
     if isolation is not None:
-        child_env["FARM_SANDBOX_MAX_PROCS"] = str(_max_procs())
+        # Read and dropped by child_main: the farm's settings never reach model code.
+        child_env[_MAX_PROCS_ENV] = str(_max_procs())
         # A zygote's children share its sandbox, so no cgroup of their own:
         # with kernel limits configured every child starts fresh.
         if warm and zygote.enabled() and cgroup_limits.configured() is None:
@@ -599,7 +601,7 @@ def child_main(argv: list[str]) -> int:
         # bubblewrap's --die-with-parent ties this child to the sandbox; its
         # uid is its own (farm.build.uid_slots), so a fork bomb meets this
         # limit alone.
-        nproc = int(os.environ.get("FARM_SANDBOX_MAX_PROCS") or ISOLATED_NPROC)
+        nproc = int(os.environ.pop(_MAX_PROCS_ENV, "") or ISOLATED_NPROC)
         for lim, value in ((resource.RLIMIT_NPROC, nproc),
                            (resource.RLIMIT_FSIZE, ISOLATED_FSIZE)):
             with contextlib.suppress(ValueError, OSError):

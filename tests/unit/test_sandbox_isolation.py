@@ -148,6 +148,7 @@ def test_the_child_sees_nothing_of_the_worker(probe_dir: Path, tmp_path: Path,
     assert not (outside / "probe.txt").exists()
     assert planted not in repr(v["env"]), "a planted secret reached the child's environment"
     assert "DATABASE_URL" not in v["env"] and "INNOCENT_LOOKING" not in v["env"]
+    assert not [k for k in v["env"] if k.startswith("FARM_") or k == "SANDBOX_MAX_PROCS"], v["env"]
     assert v["home"] != os.path.expanduser("~")
 
 
