@@ -26,12 +26,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm.build.isolation import SandboxUnavailable
+
 RUN_DIR = Path("/run/farm-sandbox-uids")
 _WAIT_S = 0.2
 
 
-class NoFreeUid(RuntimeError):
-    """Every sandbox uid of this host is leased."""
+class NoFreeUid(SandboxUnavailable):
+    """Every sandbox uid of this host is leased (or none can be leased here)."""
 
 
 @dataclass
