@@ -93,8 +93,9 @@ def probe_child(p: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def findings(value: Mapping[str, Any], *, uids: Container[int],
-             child_env: Mapping[str, str]) -> list[str]:
+def findings(
+    value: Mapping[str, Any], *, uids: Container[int], child_env: Mapping[str, str]
+) -> list[str]:
     """What the probe child's report shows is not isolated (empty: all holds);
     ``uids``: the sandbox uids it may run as."""
     import errno
