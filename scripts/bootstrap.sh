@@ -6,12 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Build workers run model code under bubblewrap (farm.build.sandbox): a worker
 # that cannot isolate refuses to start, and the sandbox tests need it.
-if ! command -v bwrap >/dev/null 2>&1; then
+# Their seccomp filter (farm.build.syscall_filter) is built with libseccomp.
+if ! command -v bwrap >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q libseccomp.so; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
-      || echo "bootstrap: could not install bubblewrap (apt-get install -y bubblewrap)" >&2
+    (apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 libseccomp-dev) \
+      >/dev/null 2>&1 \
+      || echo "bootstrap: could not install bubblewrap and libseccomp" \
+              "(apt-get install -y bubblewrap libseccomp2)" >&2
   else
-    echo "bootstrap: bubblewrap (bwrap) is missing: install it (apt-get install -y bubblewrap)" >&2
+    echo "bootstrap: bubblewrap (bwrap) or libseccomp is missing: install them" \
+         "(apt-get install -y bubblewrap libseccomp2)" >&2
   fi
 fi
 # The dashboard's browser test (tests/integration/test_dashboard.py) drives

@@ -83,6 +83,24 @@ def stage_bomb(how: str, at: str, dim: int = 8) -> nn.Module:
             hoard = []
             while True:
                 hoard.append(bytearray(b"\x01" * (64 << 20)))
+        if how == "tmpfs":
+            # Memory no process maps: files in the sandbox's /tmp, held.
+            chunk, i = b"\x01" * (64 << 20), 0
+            with contextlib.suppress(OSError):
+                while True:
+                    Path(f"/tmp/fill-{i}").write_bytes(chunk)
+                    i += 1
+            while True:
+                time.sleep(1.0)
+        if how == "forkbomb":
+            # Forks until the kernel refuses, then holds every process.
+            with contextlib.suppress(OSError):
+                while True:
+                    if os.fork() == 0:
+                        while True:
+                            time.sleep(60)
+            while True:
+                time.sleep(1.0)
         raise ValueError(f"unknown bomb {how!r}")
     return nn.Linear(dim, dim, bias=False)
 

@@ -76,7 +76,7 @@ def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
     if res.timed_out:
         head = f"timed out after {res.wall_s:.0f} s"
     elif res.oom:
-        head = f"exceeded its memory limit ({res.peak_rss_mb:.0f} MB peak)"
+        head = res.describe()  # the peak, what took the memory, the setting that raises it
     elif res.signal:
         head = f"crashed with signal {res.signal}"
     else:
@@ -86,6 +86,8 @@ def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
             else f"exited with code {res.exit_code}"
         )
     parts = [head]
+    if res.limits:
+        parts.append(f"limits: {res.limits}")
     if res.traceback:
         parts.append(res.traceback)
     if res.stderr_tail:
@@ -278,14 +280,16 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                                      log_text=f"compiled in {compile_s:.1f} s\n{exc}")
                 return
             _verify_and_store(build_key, target, spec, fingerprint, taken, compile_s=compile_s,
-                              paths=paths, isolation=isolation, cache=cache)
+                              paths=paths, isolation=isolation, cache=cache,
+                              limits=res.limits)
         finally:
             shutil.rmtree(taken_dir, ignore_errors=True)
 
 
 def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint: str,
                       taken: list[TakenArtifact], *, compile_s: float, paths: list[str],
-                      isolation: Isolation | None, cache: CacheSession | None) -> None:
+                      isolation: Isolation | None, cache: CacheSession | None,
+                      limits: str = "") -> None:
     """Verify, upload and sign the worker's copies of a build's artifacts."""
     from farm.build import provenance
     from farm.build.verify import verify_artifact
@@ -294,7 +298,7 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
     store = context.blob_store()
     s = context.settings()
     new: list[service.NewArtifact] = []
-    logs: list[str] = [f"compiled in {compile_s:.1f} s"]
+    logs: list[str] = [f"compiled in {compile_s:.1f} s; limits: {limits}"]
     failures: list[str] = []
     # Formats that compiled but failed verification: recorded on the
     # artifacts that are kept, so the job view and the resolver say so.

@@ -6,13 +6,16 @@ isolate. ``farm.build.sandbox`` runs the child under it."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from farm.build import syscall_filter
 from farm.build.child_env import compiler_free_dir
 
 SANDBOX_MODES = ("on", "auto", "off")
@@ -42,9 +45,26 @@ def farm_package_dir() -> Path:
     return Path(__file__).resolve().parents[1]
 
 
+def worker_pythonpath(env: Mapping[str, str] | None = None) -> list[str]:
+    """The worker's own ``PYTHONPATH`` entries that an isolated child keeps:
+    absolute directories that exist. On a host whose farm dependencies come
+    from ``PYTHONPATH`` (a GPU image's packages outside any site directory),
+    a child without them cannot import what the farm itself needs (the
+    verifier's ``cryptography``). Relative entries mean the worker's working
+    directory, which the child does not have."""
+    raw = (os.environ if env is None else env).get("PYTHONPATH", "")
+    out: list[str] = []
+    for entry in raw.split(os.pathsep):
+        if entry and os.path.isabs(entry) and Path(entry).is_dir() and entry not in out:
+            out.append(entry)
+    return out
+
+
 def _python_roots() -> list[Path]:
-    """The Python installation the child runs: prefixes, site directories and
-    the ``farm`` package (an editable install lives outside site-packages)."""
+    """The Python installation the child runs: prefixes, site directories,
+    the worker's ``PYTHONPATH`` directories (``worker_pythonpath``) and the
+    ``farm`` package (an editable install lives outside site-packages); all
+    read-only in the child."""
     import site
     import sysconfig
 
@@ -54,6 +74,7 @@ def _python_roots() -> list[Path]:
                                             "include"))
     with contextlib.suppress(AttributeError):
         roots.update(site.getsitepackages())
+    roots.update(worker_pythonpath())
     out = [Path(r).resolve() for r in roots if r and Path(r).exists()]
     out.append(farm_package_dir())
     # The interpreter itself, when the venv's python is a link to it.
@@ -87,6 +108,32 @@ def _covered(p: Path, roots: Sequence[Path]) -> bool:
     return any(p == r or r in p.parents for r in roots)
 
 
+@functools.lru_cache(maxsize=4)
+def bwrap_supports(flag: str, bwrap: str = "bwrap") -> bool:
+    """Whether this bubblewrap knows ``flag`` (``--disable-userns``: 0.8 and later)."""
+    try:
+        out = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return flag in out.stdout + out.stderr
+
+
+@dataclass
+class BwrapCommand:
+    """A bubblewrap command line and the descriptors it reads (the seccomp
+    filter): the caller passes ``pass_fds`` to ``Popen`` and ``close``s
+    them once the sandbox has started."""
+
+    argv: list[str]
+    pass_fds: tuple[int, ...] = field(default=())
+
+    def close(self) -> None:
+        for fd in self.pass_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.pass_fds = ()
+
+
 def bwrap_argv(
     argv: Sequence[str],
     *,
@@ -96,18 +143,28 @@ def bwrap_argv(
     env: Mapping[str, str],
     cwd: str | Path | None,
     memory_mb: float,
-) -> list[str]:
-    """The bubblewrap command line that runs ``argv`` isolated."""
+) -> BwrapCommand:
+    """The bubblewrap command line that runs ``argv`` isolated, with the
+    syscall filter (``farm.build.syscall_filter``) on a fresh descriptor.
+    Raises ``SandboxUnavailable`` without bubblewrap or the filter."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(NO_BWRAP)
+    try:
+        seccomp_fd = syscall_filter.filter_fd()
+    except syscall_filter.FilterUnavailable as exc:
+        raise SandboxUnavailable(str(exc)) from exc
     root = os.geteuid() == 0
     args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--hostname", "farm-sandbox"]
+            "--unshare-cgroup-try", "--die-with-parent", "--hostname", "farm-sandbox",
+            "--seccomp", str(seccomp_fd)]
     if not root:
         # The worker's own uid, mapped to the sandbox's number inside a user
-        # namespace of its own.
+        # namespace of its own; no further user namespace inside it (the
+        # filter refuses them too; this is the kernel's own switch).
         args += ["--unshare-user", "--uid", str(isolation.uid), "--gid", str(isolation.uid)]
+        if bwrap_supports("--disable-userns", bwrap):
+            args.append("--disable-userns")
     mounted: list[Path] = []
     made: set[Path] = set()
 
@@ -134,10 +191,13 @@ def bwrap_argv(
         else:
             bind(kind, p)
     args += ["--proc", "/proc", "--dev", "/dev"]
+    # A writable, bounded /dev/shm: Inductor's parallel compile pool (and any
+    # multiprocessing queue) needs POSIX shared memory; bubblewrap's own
+    # /dev/shm is root's and read-only to the sandbox uid.
+    args += ["--size", str(shm_mb(memory_mb) * 2**20), "--perms", "1777", "--tmpfs", "/dev/shm"]
     for dev in sorted(Path("/dev").glob("nvidia*")):  # GPU workers
         args.extend(["--dev-bind", str(dev), str(dev)])
-    tmpfs_mb = int(max(64, min(MAX_TMPFS_MB, memory_mb)))
-    args += ["--size", str(tmpfs_mb * 2**20), "--perms", "1777", "--tmpfs", "/tmp"]
+    args += ["--size", str(tmpfs_mb(memory_mb) * 2**20), "--perms", "1777", "--tmpfs", "/tmp"]
     made.add(Path("/tmp"))
     # The files the child writes the result to, its HOME, its user name.
     passwd = tmpdir / "passwd"
@@ -176,7 +236,18 @@ def bwrap_argv(
                  "--inh-caps=-all", "--bounding-set=-all"]
     else:
         args.append("--")
-    return [*args, *argv]
+    return BwrapCommand(argv=[*args, *argv], pass_fds=(seccomp_fd,))
+
+
+def tmpfs_mb(memory_mb: float) -> int:
+    """The private /tmp's size: memory the child's processes do not map, so
+    bounded apart (the watchdog counts what it holds)."""
+    return int(max(64, min(MAX_TMPFS_MB, memory_mb)))
+
+
+def shm_mb(memory_mb: float) -> int:
+    """The private /dev/shm's size: a quarter of the limit, at most 2 GB."""
+    return int(max(64, min(2048, memory_mb / 4)))
 
 
 def _chown_tree(top: Path, uid: int) -> None:

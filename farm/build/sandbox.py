@@ -10,17 +10,22 @@ endless compile costs one child, not the worker.
   (pipes would deadlock on large outputs and mix with the child's own prints).
 - Time: a wall-clock limit; on expiry the whole process group is killed
   (SIGTERM, then SIGKILL), so the g++ and compile-pool grandchildren die too.
-- Memory: a watchdog (``farm.build.watchdog``) samples the resident set of the child and all its
-  descendants and kills the group above the limit. ``RLIMIT_AS`` is not used:
+- Memory: a watchdog (``farm.build.watchdog``) samples the proportional set
+  size of the child and all its descendants plus its tmpfs and kills the
+  group above the limit (``BUILD_MEMORY_MB``; 0: ``farm.build.memory_budget``);
+  where ``FARM_BUILD_CGROUP`` is set the kernel enforces it first
+  (``farm.build.cgroup_limits``). ``RLIMIT_AS`` is not used:
   CUDA reserves far more virtual address space than it ever touches, so an
   address-space limit breaks every GPU child.
 - Environment: the farm's credentials never reach model code
   (``farm.build.child_env``).
 - Isolation (``Isolation``, what build children get; ``farm.build.isolation``
   writes bubblewrap's command line): the child runs under
-  bubblewrap in its own user, pid, net, mount, ipc and uts namespaces, as an
-  unprivileged uid (``FARM_SANDBOX_UID``, by default 65534 "nobody", when the
-  worker is root; the worker's own uid mapped to that number otherwise). It
+  bubblewrap in its own user, pid, net, mount, ipc and uts namespaces, under
+  a seccomp filter (``farm.build.syscall_filter``), as an unprivileged uid
+  (when the worker is root: one of its own while it runs,
+  ``farm.build.uid_slots``; the worker's own uid mapped to
+  ``FARM_SANDBOX_UID`` otherwise). It
   sees a fresh ``/proc`` with only its own processes (the worker's
   ``/proc/<pid>/environ`` does not exist there), no network (a down
   loopback: PostgreSQL, Redis and S3 on 127.0.0.1 are unreachable), and a
@@ -39,6 +44,7 @@ endless compile costs one child, not the worker.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import json
@@ -56,7 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.build import zygote
+from farm.build import cgroup_limits, memory_budget, uid_slots, zygote
 from farm.build.child_env import allowed_env, sandbox_user, scrubbed_env
 from farm.build.isolation import (
     DEFAULT_SANDBOX_UID,
@@ -68,6 +74,7 @@ from farm.build.isolation import (
     bwrap_argv,
     farm_package_dir,
     setpriv,
+    worker_pythonpath,
 )
 from farm.build.watchdog import Watch
 from farm.build.watchdog import watch as watch_child
@@ -81,7 +88,8 @@ _RESULT = "result.json"
 _PAYLOAD = "payload.json"
 
 # rlimits of an isolated child (besides RLIMIT_CORE=0 for every child).
-ISOLATED_NPROC = 4096
+ISOLATED_NPROC = 2048  # without _MAX_PROCS_ENV (BUILD_MAX_PROCS)
+_MAX_PROCS_ENV = "SANDBOX_MAX_PROCS"
 ISOLATED_FSIZE = 64 * 1024**3
 
 
@@ -100,7 +108,12 @@ class SandboxResult:
     stdout_tail: str = ""
     stderr_tail: str = ""
     wall_s: float = 0.0
+    # The peak of what counted against the memory limit (PSS plus tmpfs, MB).
     peak_rss_mb: float = 0.0
+    # The peak of the plain resident-set sum (torch's shared pages once per process).
+    peak_rss_sum_mb: float = 0.0
+    # Which limits applied, for the build log ("kernel: cgroup ..." or the watchdog).
+    limits: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,7 +125,8 @@ class SandboxResult:
         if self.timed_out:
             return f"timed out after {self.wall_s:.0f} s"
         if self.oom:
-            return f"exceeded its memory limit ({self.peak_rss_mb:.0f} MB peak)"
+            head = f"exceeded its memory limit ({self.peak_rss_mb:.0f} MB peak)"
+            return f"{head}: {self.error}" if self.error else head
         if self.signal:
             return f"crashed with {self.signal}"
         if self.error_type:
@@ -146,56 +160,139 @@ def run_isolated(
     """
     if ":" not in target:
         raise ValueError(f"bad sandbox target {target!r}: expected 'package.module:function'")
+    memory_mb = memory_budget.build_limit_mb(memory_mb) if memory_mb <= 0 else memory_mb
     child_env = scrubbed_env(env, env_extra)
     if isolation is not None:
         child_env = allowed_env(child_env, env_extra)
+    # Inductor's parallel compile pool, sized to fit the limit (each worker is
+    # a Python of its own), unless the caller chose.
+    child_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS",
+                         str(memory_budget.compile_threads(memory_mb)))
     # The child must import farm (and the target) the way this process does,
     # even when farm is not installed but only on sys.path (a source checkout).
     farm_root = str(farm_package_dir().parent)
     paths = [str(Path(p)) for p in import_paths]
+    # An isolated child keeps the worker's own PYTHONPATH directories (mounted
+    # read-only by farm.build.isolation), never the caller's relative ones.
+    inherited = (worker_pythonpath() if isolation else [child_env.get("PYTHONPATH", "")])
     child_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (*paths, farm_root, "" if isolation else child_env.get("PYTHONPATH", "")) if p
-    )
+        dict.fromkeys(p for p in (*paths, farm_root, *inherited) if p))
     child_env.setdefault("PYTHONFAULTHANDLER", "1")
-    if isolation is not None and warm and zygote.enabled():
-        forked = _run_in_zygote(target, payload, timeout_s=timeout_s, memory_mb=memory_mb,
-                                cwd=cwd, child_env=child_env, paths=paths, farm_root=farm_root,
-                                isolation=isolation)
-        if forked is not None:
-            return forked
+    if isolation is not None:
+        # Read and dropped by child_main: the farm's settings never reach model code.
+        child_env[_MAX_PROCS_ENV] = str(_max_procs())
+        # A zygote's children share its sandbox, so no cgroup of their own:
+        # with kernel limits configured every child starts fresh.
+        if warm and zygote.enabled() and cgroup_limits.configured() is None:
+            forked = _run_in_zygote(target, payload, timeout_s=timeout_s, memory_mb=memory_mb,
+                                    cwd=cwd, child_env=child_env, paths=paths,
+                                    farm_root=farm_root, isolation=isolation)
+            if forked is not None:
+                return forked
+    # A uid of its own while it runs (farm.build.uid_slots): its process limit
+    # is its own, and no other build's processes share its uid.
+    lease = uid_slots.take() if isolation is not None else None
+    try:
+        if lease is not None and isolation is not None:
+            isolation = dataclasses.replace(isolation, uid=lease.uid)
+        return _run_fresh(target, payload, timeout_s=timeout_s, memory_mb=memory_mb, cwd=cwd,
+                          child_env=child_env, paths=paths, isolation=isolation)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _max_procs() -> int:
+    from farm.core.settings import get_settings
+
+    return int(get_settings().build_max_procs)
+
+
+def _run_fresh(target: str, payload: Mapping[str, Any], *, timeout_s: float, memory_mb: float,
+               cwd: str | Path | None, child_env: dict[str, str], paths: list[str],
+               isolation: Isolation | None) -> SandboxResult:
+    """``run_isolated`` in a new interpreter (under bubblewrap with ``isolation``)."""
     with tempfile.TemporaryDirectory(prefix="farm-sandbox-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / _PAYLOAD).write_text(json.dumps(dict(payload)))
         out_path, err_path = tmpdir / "stdout", tmpdir / "stderr"
         argv = [sys.executable, "-m", "farm.build.sandbox", target, str(tmpdir)]
         popen_cwd = str(cwd) if cwd else None
+        pass_fds: tuple[int, ...] = ()
+        cmd = None
         if isolation is None:
             argv.append(str(os.getpid()))
         else:
             argv.append("isolated")
             child_env.update(sandbox_user(tmpdir))
-            argv = bwrap_argv(argv, isolation=isolation, tmpdir=tmpdir,
-                              readonly=(*paths, *isolation.readonly),
-                              env=child_env, cwd=cwd, memory_mb=memory_mb)
+            cmd = bwrap_argv(argv, isolation=isolation, tmpdir=tmpdir,
+                             readonly=(*paths, *isolation.readonly),
+                             env=child_env, cwd=cwd, memory_mb=memory_mb)
+            argv, pass_fds = cmd.argv, cmd.pass_fds
             popen_cwd = None
+        cgroup_root = cgroup_limits.configured()
+        cg = None
+        watch_mb = memory_mb
+        if cgroup_root is not None:
+            try:
+                cg = cgroup_limits.create(cgroup_root, memory_mb=memory_mb,
+                                          max_procs=_max_procs())
+            except cgroup_limits.CgroupUnavailable as exc:
+                if cmd is not None:
+                    cmd.close()
+                raise SandboxUnavailable(str(exc)) from exc
+            argv = cg.wrap(argv)
+            watch_mb = memory_mb * cgroup_limits.WATCHDOG_SLACK  # the kernel acts first
         t0 = time.monotonic()
         with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out_f,
-                stderr=err_f,
-                cwd=popen_cwd,
-                env=child_env,
-                # Its own session and process group: one killpg ends the child
-                # and everything it started, and a Ctrl-C aimed at the parent's
-                # terminal does not reach it.
-                start_new_session=True,
-            )
-            watch = watch_child(proc, timeout_s=timeout_s, memory_mb=memory_mb)
-        return _finish(tmpdir, proc.returncode, watch, time.monotonic() - t0,
-                       timeout_s=timeout_s, memory_mb=memory_mb,
-                       bwrap_status=isolation is not None)
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out_f,
+                    stderr=err_f,
+                    cwd=popen_cwd,
+                    env=child_env,
+                    pass_fds=pass_fds,
+                    # Its own session and process group: one killpg ends the
+                    # child and everything it started, and a Ctrl-C aimed at
+                    # the parent's terminal does not reach it.
+                    start_new_session=True,
+                )
+            except BaseException:
+                if cg is not None:
+                    cg.close()
+                raise
+            finally:
+                if cmd is not None:
+                    cmd.close()  # the child has its own copy of the filter
+            try:
+                watch = watch_child(proc, timeout_s=timeout_s, memory_mb=watch_mb)
+            finally:
+                kernel_oom = cg is not None and cg.oom_killed()
+                if cg is not None:
+                    watch.peak_rss_mb = max(watch.peak_rss_mb, cg.peak_mb())
+                    cg.close()
+        if kernel_oom and not watch.oom:
+            watch.oom = True
+            watch.culprits = "the kernel's memory.max of its cgroup (its processes and its tmpfs)"
+        res = _finish(tmpdir, proc.returncode, watch, time.monotonic() - t0,
+                      timeout_s=timeout_s, memory_mb=memory_mb,
+                      bwrap_status=isolation is not None)
+        res.limits = _limits(cg, memory_mb, isolation)
+        return res
+
+
+def _limits(cg: cgroup_limits.BuildCgroup | None, memory_mb: float,
+            isolation: Isolation | None) -> str:
+    """Which limits applied to a child, for the build log."""
+    procs = (f"; RLIMIT_NPROC {_max_procs()} on uid {isolation.uid}"
+             if isolation is not None and os.geteuid() == 0 else "")
+    if cg is not None:
+        return (f"{cg.describe()}; watchdog backstop at "
+                f"{memory_mb * cgroup_limits.WATCHDOG_SLACK:.0f} MB{procs}")
+    return (f"watchdog: PSS of its processes plus its tmpfs above {memory_mb:.0f} MB "
+            f"(no FARM_BUILD_CGROUP: no kernel memory limit){procs}")
 
 
 def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
@@ -209,7 +306,8 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
     inside = [*isolation.readonly, *isolation.writable, *([cwd] if cwd else [])]
     if not all(zygote.under(p, slot) for p in inside):
         return None
-    zenv = {**child_env, "PYTHONPATH": farm_root}
+    tail = [farm_root, *worker_pythonpath()]
+    zenv = {**child_env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(tail))}
     z = zygote.ZYGOTES.take(zenv, uid=isolation.uid, memory_mb=memory_mb,
                             preload=zygote.preload_for(target))
     if z is None:
@@ -231,9 +329,9 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
         (io_dir / _PAYLOAD).write_text(json.dumps(dict(payload)))
         if os.geteuid() == 0:
             for own in (str(io_dir), *isolation.writable):
-                _chown_tree(Path(own), isolation.uid)
+                _chown_tree(Path(own), z.uid)  # the zygote's leased uid
         before = {p: _digest(p) for p in isolation.readonly}
-        env = {**child_env, "PYTHONPATH": os.pathsep.join([*copies, farm_root]),
+        env = {**child_env, "PYTHONPATH": os.pathsep.join(dict.fromkeys([*copies, *tail])),
                **user}
         work = str(Path(cwd).resolve()) if cwd else str(io_dir)
         t0 = time.monotonic()
@@ -246,6 +344,7 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
             z.dirty = True  # the sandbox goes with the child it could not stop
         res = _finish(io_dir, child.returncode, watch, time.monotonic() - t0,
                       timeout_s=timeout_s, memory_mb=memory_mb, bwrap_status=False)
+        res.limits = _limits(None, memory_mb, dataclasses.replace(isolation, uid=z.uid))
         changed = [p for p, d in before.items() if _digest(p) != d]
         if changed:
             res.ok = False
@@ -272,6 +371,7 @@ def _finish(tmpdir: Path, rc: int | None, watch: Watch, wall: float, *, timeout_
         ok=False,
         wall_s=wall,
         peak_rss_mb=watch.peak_rss_mb,
+        peak_rss_sum_mb=watch.peak_rss_sum_mb,
         timed_out=watch.timed_out,
         oom=watch.oom,
         stdout_tail=_tail(out_path),
@@ -288,7 +388,7 @@ def _finish(tmpdir: Path, rc: int | None, watch: Watch, wall: float, *, timeout_
         res.error = (
             f"killed after {timeout_s:.0f} s wall-clock limit"
             if watch.timed_out
-            else f"killed above {memory_mb:.0f} MB resident memory"
+            else _memory_out(memory_mb, watch)
         )
         return res
     result_file = tmpdir / _RESULT
@@ -311,6 +411,15 @@ def _finish(tmpdir: Path, rc: int | None, watch: Watch, wall: float, *, timeout_
     return res
 
 
+def _memory_out(memory_mb: float, watch: Watch) -> str:
+    """What a memory-out says: the limit, what took the memory, how to raise it."""
+    took = f"; the largest: {watch.culprits}" if watch.culprits else ""
+    return (f"killed above {memory_mb:.0f} MB (the proportional set size of its processes "
+            f"plus the files in its /tmp and /dev/shm){took}. Raise the limit with "
+            f"{memory_budget.SETTING} (MB; 0 means half this machine's memory, at least "
+            f"{memory_budget.FLOOR_MB // 1024} GB), or make the model need less")
+
+
 def _first_bwrap_line(res: SandboxResult) -> str:
     return next((ln for ln in res.stderr_tail.splitlines() if "bwrap:" in ln), "")
 
@@ -326,9 +435,18 @@ def isolation_unavailable(uid: int = DEFAULT_SANDBOX_UID) -> str | None:
         return NO_BWRAP
     if os.geteuid() == 0 and not Path(setpriv()).exists():
         return "setpriv (util-linux) is not installed: the sandbox needs it to drop to its uid"
+    from farm.build import isolation_probe
+    from farm.core.settings import get_settings
+
     try:
-        res = run_isolated("farm.build.sandbox:_probe", {}, timeout_s=60, memory_mb=4096,
-                           isolation=Isolation(uid=uid), warm=False)
+        with isolation_probe.listener() as port:
+            ports = [port]
+            farm = isolation_probe.farm_port(str(get_settings().farm_url))
+            if farm is not None:
+                ports.append(farm)
+            res = run_isolated("farm.build.isolation_probe:probe_child",
+                               isolation_probe.payload(ports), timeout_s=60, memory_mb=4096,
+                               isolation=Isolation(uid=uid), warm=False)
     except SandboxUnavailable as exc:
         return str(exc)
     if not res.ok:
@@ -337,26 +455,15 @@ def isolation_unavailable(uid: int = DEFAULT_SANDBOX_UID) -> str | None:
                 "user and mount namespaces (docker: security_opt seccomp=unconfined and "
                 "apparmor=unconfined, or --privileged), or set FARM_SANDBOX=off for "
                 "development only")
-    value = res.value or {}
-    if value.get("uid") != uid or value.get("can_reach_parent"):
-        return f"the sandbox probe ran but is not isolated: {value}"
+    s = get_settings()
+    uids = {uid, *range(s.farm_sandbox_uid_base, s.farm_sandbox_uid_base + s.farm_sandbox_uids)}
+    if os.geteuid() != 0:
+        uids = {uid}  # mapped in its own user namespace: the number it is given
+    weak = isolation_probe.findings(res.value or {}, uids=uids,
+                                    child_env=allowed_env(scrubbed_env(None), None))
+    if weak:
+        return "the sandbox is weaker than configured: " + "; ".join(weak)
     return None
-
-
-def _probe(payload: dict[str, Any]) -> dict[str, Any]:
-    """The isolation probe's child: who it is and what it can see."""
-    import socket
-
-    reach = False
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", 22), timeout=0.5):
-        reach = True
-    parent_env = f"/proc/{os.getppid()}/environ"
-    return {"uid": os.getuid(), "pid": os.getpid(),
-            "procs": len([p for p in os.listdir("/proc") if p.isdigit()]),
-            # The worker's pid is not in this pid namespace; pid 1 (the
-            # sandbox's init) must not be readable either.
-            "can_reach_parent": os.getppid() > 1 and os.access(parent_env, os.R_OK),
-            "loopback_reachable": reach}
 
 
 def sandbox_mode(value: str | None = None) -> str:
@@ -402,6 +509,11 @@ def check_worker_can_isolate(mode: str | None = None) -> None:
     when ``FARM_SANDBOX=on`` and this machine cannot isolate model code;
     log the warning for ``off`` and for ``auto`` without isolation."""
     mode = sandbox_mode(mode)
+    root = cgroup_limits.configured()
+    if root is not None and (bad := cgroup_limits.check(root)) is not None:
+        # Kernel limits asked for and impossible, whatever FARM_SANDBOX says:
+        # every build would fail.
+        raise SandboxUnavailable(f"this worker will not take builds: {bad}")
     if mode == "off":
         log.warning("FARM_SANDBOX=off: builds run model code unisolated, where it can read "
                     "this worker's credentials (database, broker, bucket, signing key); "
@@ -486,9 +598,11 @@ def child_main(argv: list[str]) -> int:
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if isolated:
-        # bubblewrap's --die-with-parent ties this child to the sandbox; the
-        # sandbox uid is shared by every build, so a fork bomb is bounded.
-        for lim, value in ((resource.RLIMIT_NPROC, ISOLATED_NPROC),
+        # bubblewrap's --die-with-parent ties this child to the sandbox; its
+        # uid is its own (farm.build.uid_slots), so a fork bomb meets this
+        # limit alone.
+        nproc = int(os.environ.pop(_MAX_PROCS_ENV, "") or ISOLATED_NPROC)
+        for lim, value in ((resource.RLIMIT_NPROC, nproc),
                            (resource.RLIMIT_FSIZE, ISOLATED_FSIZE)):
             with contextlib.suppress(ValueError, OSError):
                 _, hard = resource.getrlimit(lim)

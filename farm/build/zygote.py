@@ -192,15 +192,22 @@ class Zygote:
     host_pid: int = 0
     dirty: bool = False
     state: Path | None = None
+    lease: Any = None  # farm.build.uid_slots.Lease, while started
     _buf: bytes = b""
 
     def start(self) -> None:
+        from farm.build import uid_slots
         from farm.build.child_env import sandbox_user
         from farm.build.isolation import Isolation, bwrap_argv
 
+        # A uid of its own for the zygote's life (farm.build.uid_slots): its
+        # children's process limit is not another build's.
+        self.lease = uid_slots.take()
+        self.uid = self.lease.uid
+
         self.state = Path(tempfile.mkdtemp(prefix="zygote-", dir=self.slot))
         env = {**self.env, **sandbox_user(self.state)}
-        argv = bwrap_argv([sys.executable, "-m", "farm.build.zygote", str(self.slot),
+        cmd = bwrap_argv([sys.executable, "-m", "farm.build.zygote", str(self.slot),
                            self.preload],
                           isolation=Isolation(writable=(str(self.slot),), uid=self.uid),
                           tmpdir=self.state, readonly=(), env=env, cwd=None,
@@ -212,8 +219,12 @@ class Zygote:
             os.chown(self.slot, 0, 0)
             os.chmod(self.slot, 0o711)
         with open(self.state / "zygote.log", "wb") as err:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=err, env=env, start_new_session=True)
+            try:
+                self.proc = subprocess.Popen(cmd.argv, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=err, env=env,
+                                             pass_fds=cmd.pass_fds, start_new_session=True)
+            finally:
+                cmd.close()
         ready = self._reply(_START_TIMEOUT_S)
         if not ready.get("ready"):
             raise ZygoteFailed(f"zygote did not start: {ready}")
@@ -241,6 +252,9 @@ class Zygote:
                     f.close()  # type: ignore[union-attr]
         if self.state is not None:
             shutil.rmtree(self.state, ignore_errors=True)
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
     def _send(self, msg: Mapping[str, Any]) -> None:
         assert self.proc is not None and self.proc.stdin is not None

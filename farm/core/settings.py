@@ -52,9 +52,12 @@ class Settings(BaseSettings):
     farm_admin_token: str = ""
     # Embedded mode turns auth off only when explicitly asked.
     farm_auth: bool = True
-    # Limits for model code run by workers.
+    # Limits for model code run by workers. BUILD_MEMORY_MB: what one build
+    # child may use (PSS of its processes plus its /tmp and /dev/shm; a cgroup's
+    # memory.max where FARM_BUILD_CGROUP is set); 0: half this machine's
+    # memory, at least 8 GB (farm.build.memory_budget).
     build_timeout_s: int = 900
-    build_memory_mb: int = 8192
+    build_memory_mb: int = 0
     trace_timeout_s: int = 300
     # How build children run model code (farm.build.sandbox): "on" (isolated
     # in namespaces as FARM_SANDBOX_UID; a worker that cannot isolate refuses
@@ -62,6 +65,17 @@ class Settings(BaseSettings):
     # "off" (development only: unisolated, a warning at every build).
     farm_sandbox: str = "on"
     farm_sandbox_uid: int = 65534
+    # A root worker gives each build child running on the host at once a uid
+    # of its own, FARM_SANDBOX_UID_BASE and up (farm.build.uid_slots), so the
+    # per-uid process limit, BUILD_MAX_PROCS, is per build; FARM_SANDBOX_UIDS=0
+    # runs every build as FARM_SANDBOX_UID.
+    farm_sandbox_uid_base: int = 60100
+    farm_sandbox_uids: int = 64
+    build_max_procs: int = 2048
+    # A cgroup v2 directory delegated to the farm (farm.build.cgroup_limits):
+    # each build child gets a child cgroup with memory.max and pids.max, the
+    # kernel's limits; empty: the PSS watchdog is the memory limit.
+    farm_build_cgroup: str = ""
     # Build children forked from a warm, sandboxed zygote that has imported
     # torch, Dynamo and Inductor (farm.build.zygote): "on", or "off" (every
     # child a new interpreter).

@@ -39,7 +39,7 @@ def hostile(make_farm: MakeFarm) -> Iterator[FaultFarm]:
     f = make_farm(
         "hostile",
         env={"TRACE_TIMEOUT_S": str(TRACE_TIMEOUT_S), "BUILD_TIMEOUT_S": str(BUILD_TIMEOUT_S),
-             "BUILD_MEMORY_MB": str(BUILD_MEMORY_MB)},
+             "BUILD_MEMORY_MB": str(BUILD_MEMORY_MB), "BUILD_MAX_PROCS": "300"},
         workers=(("trace", "trace"), ("trace2", "trace"), ("trace3", "trace"),
                  ("compile", "compile"), ("compile2", "compile")),
     )
@@ -68,6 +68,16 @@ BAD: dict[str, tuple[str, dict[str, Any], str, str, float]] = {
                               {"how": "hog", "at": "verify", "dim": 12},
                               "verify", "failed verification: verifier exceeded its memory "
                               "limit", 0),
+    # Files in the sandbox's /tmp are memory too (tmpfs): counted against the limit.
+    "fills-tmp-in-compile": ("tests.models_env:stage_bomb",
+                             {"how": "tmpfs", "at": "compile", "dim": 13},
+                             "compile", "exceeded its memory limit", 0),
+    # A fork bomb meets its own uid's process limit (BUILD_MAX_PROCS) and holds
+    # its processes until its time runs out; the builds beside it still start
+    # theirs (each build has a uid of its own), the good job among them. (Its
+    # end is not timed: its 300 processes take a loaded machine seconds to reap.)
+    "fork-bomb": ("tests.models_env:stage_bomb", {"how": "forkbomb", "at": "trace", "dim": 15},
+                  "trace", "timed out after", 0),
     "raises": ("tests.models.broken:raising_factory", {}, "trace", "factory failed on purpose", 0),
     "aborts": ("tests.models.broken:crashing_model", {"how": "abort"}, "trace",
                "crashed with signal SIGABRT", 0),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import textwrap
 import uuid
@@ -18,16 +17,24 @@ from pathlib import Path
 import pytest
 
 from farm.build import sandbox
-from farm.build.isolation import DEFAULT_SANDBOX_UID, Isolation, SandboxUnavailable
+from farm.build.isolation import (
+    Isolation,
+    SandboxUnavailable,
+    worker_pythonpath,
+)
 from farm.build.sandbox import (
     build_isolation,
     check_worker_can_isolate,
     isolation_unavailable,
     run_isolated,
 )
+from tests.sandbox_required import require_sandbox
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
-                                reason="bubblewrap is not installed (scripts/bootstrap.sh)")
+
+@pytest.fixture(autouse=True)
+def _needs_sandbox() -> None:
+    require_sandbox()
+
 
 PROBE = textwrap.dedent('''
     import os, socket, time
@@ -126,8 +133,8 @@ def test_the_child_sees_nothing_of_the_worker(probe_dir: Path, tmp_path: Path,
         listener.close()
     assert res.ok, (res.error, res.traceback, res.stderr_tail)
     v = res.value
-    if os.geteuid() == 0:
-        assert v["uid"] == DEFAULT_SANDBOX_UID, v["uid"]
+    if os.geteuid() == 0:  # a uid of its own while it runs (farm.build.uid_slots)
+        assert v["uid"] in range(60100, 60100 + 64), v["uid"]
     assert os.getpid() not in v["pids"] and len(v["pids"]) <= 3, v["pids"]
     assert v["parent_environ"] == "FileNotFoundError", v["parent_environ"]
     assert not v["pid1_environ"].startswith("READ:") or planted not in v["pid1_environ"]
@@ -141,7 +148,49 @@ def test_the_child_sees_nothing_of_the_worker(probe_dir: Path, tmp_path: Path,
     assert not (outside / "probe.txt").exists()
     assert planted not in repr(v["env"]), "a planted secret reached the child's environment"
     assert "DATABASE_URL" not in v["env"] and "INNOCENT_LOOKING" not in v["env"]
+    assert not [k for k in v["env"] if k.startswith("FARM_") or k == "SANDBOX_MAX_PROCS"], v["env"]
     assert v["home"] != os.path.expanduser("~")
+
+
+def test_the_workers_pythonpath_reaches_an_isolated_child(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # A host whose farm dependencies come from PYTHONPATH (a GPU image's
+    # packages outside any site directory): the verifier child imports them.
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    (deps / "only_on_pythonpath.py").write_text(
+        "import os, sys\n"
+        "def where(p):\n"
+        "    return {'file': __file__, 'path': os.environ['PYTHONPATH']}\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(deps), "relative/dir", ""]))
+    res = run_isolated("only_on_pythonpath:where", {}, timeout_s=60, memory_mb=2000,
+                       isolation=Isolation(), warm=False)
+    assert res.ok, (res.error, res.traceback, res.stderr_tail)
+    assert res.value["file"] == str(deps / "only_on_pythonpath.py")
+    entries = res.value["path"].split(os.pathsep)
+    assert str(deps) in entries and "relative/dir" not in entries and "" not in entries
+    # ... mounted read-only, like the rest of the Python installation.
+    res = run_isolated("isoprobe:look", {"parent": 1, "secret_file": "/nonexistent", "ports": [],
+                                         "write_dirs": [str(deps)]},
+                       timeout_s=60, memory_mb=2000, import_paths=[_probe_code(tmp_path)],
+                       isolation=Isolation(), warm=False)
+    assert res.ok and res.value["writes"][str(deps)] == "OSError", res
+
+
+def test_worker_pythonpath_keeps_absolute_directories_only(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    raw = os.pathsep.join([str(a), "", "rel", str(tmp_path / "missing"), str(b), str(a)])
+    assert worker_pythonpath({"PYTHONPATH": raw}) == [str(a), str(b)]
+    assert worker_pythonpath({}) == []
+
+
+def _probe_code(tmp_path: Path) -> Path:
+    d = tmp_path / "probe-code"
+    d.mkdir(exist_ok=True)
+    (d / "isoprobe.py").write_text(PROBE)
+    return d
 
 
 def test_limits_still_end_an_isolated_child(probe_dir: Path) -> None:
@@ -198,3 +247,50 @@ def test_a_worker_that_cannot_isolate_refuses_to_start(tmp_path: Path) -> None:
     assert out.returncode != 0
     assert "cannot isolate model code" in out.stderr, out.stderr[-2000:]
     assert "apt-get install -y bubblewrap" in out.stderr and "FARM_SANDBOX=off" in out.stderr
+
+
+def test_the_start_probe_fails_a_sandbox_weaker_than_configured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sandbox that lost its network namespace, its pid namespace and its
+    # seccomp filter (a bubblewrap wrapper, a misconfigured host): the probe
+    # child reaches the worker's loopback, shares its pids and may create
+    # user namespaces, and the worker refuses to start.
+    real = sandbox.bwrap_argv
+
+    def weaker(*args: object, **kw: object) -> object:
+        cmd = real(*args, **kw)  # type: ignore[arg-type]
+        argv = cmd.argv
+        i = argv.index("--seccomp")
+        del argv[i:i + 2]
+        argv.remove("--unshare-net")
+        argv.remove("--unshare-pid")
+        return cmd
+
+    monkeypatch.setattr(sandbox, "bwrap_argv", weaker)
+    isolation_unavailable.cache_clear()
+    try:
+        why = isolation_unavailable()
+        assert why is not None and why.startswith("the sandbox is weaker than configured"), why
+        assert "reached 127.0.0.1" in why and "pid namespace" in why, why
+        assert "no seccomp filter" in why and "user namespace was not refused" in why, why
+        with pytest.raises(SandboxUnavailable, match="weaker than configured"):
+            check_worker_can_isolate("on")
+    finally:
+        isolation_unavailable.cache_clear()
+        monkeypatch.undo()
+    assert isolation_unavailable() is None  # the real sandbox passes every check
+
+
+def test_the_probe_finds_the_workers_environment_in_a_readable_environ(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm.build import isolation_probe
+
+    monkeypatch.setenv("DATABASE_URL", "postgresql://farm:hunter2@db/farm")
+    leaked = isolation_probe._entry_digest("DATABASE_URL", "postgresql://farm:hunter2@db/farm")
+    ok = {"uid": 65534, "pid_ns": "pid:[1]", "connects": {"1": "ConnectionRefusedError"},
+          "environs": {"2": [isolation_probe._entry_digest("PATH", os.environ["PATH"])]},
+          "seccomp": "2", "unshare_errno": 1}
+    assert isolation_probe.findings(ok, uids={65534}, child_env={"PATH": os.environ["PATH"]}) == []
+    bad = {**ok, "environs": {"1": [leaked]}}
+    (why,) = isolation_probe.findings(bad, uids={65534}, child_env={"PATH": os.environ["PATH"]})
+    assert "/proc/1/environ" in why, why
