@@ -82,8 +82,9 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         )
 
     # Constants the node's module must supply, with what each must be.
-    named = dict(module.named_parameters())
-    named.update(module.named_buffers())
+    # Every name (a tied weight's too): torch.export may keep either.
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
     constants = {
         name: _describe(named[name]) for name in [*ep.state_dict, *ep.constants] if name in named
     }
