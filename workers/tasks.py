@@ -76,7 +76,9 @@ def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
     elif res.oom:
         head = f"exceeded its memory limit ({res.peak_rss_mb:.0f} MB peak)"
     elif res.signal:
-        head = f"crashed with signal {res.signal}"
+        # Where: its announced native phase and last Python frame.
+        where = res.crash_site()
+        head = f"crashed with signal {res.signal}" + (f" {where}" if where else "")
     else:
         head = (
             f"{res.error_type}: {res.error}"

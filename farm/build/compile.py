@@ -61,6 +61,7 @@ from farm.build.aoti_compile import compile_aoti
 from farm.build.aoti_support import cxx_identity
 from farm.build.compile_common import AOTIUnsupported, CompileError, ModelDoesNotFit, mode_options
 from farm.build.cpu_kernels import record_loaded_kernels
+from farm.build.crash_site import native_phase
 from farm.build.fake_weights import (
     WEIGHTS_FAKE,
     WeightFreeGuards,
@@ -401,7 +402,8 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
     tune = device.type == "cuda" and not fake
     with grad_context(spec.grad_mode), _regional(spec, model) as regions:
         try:
-            compiled_fn = aot((args, kwargs))
+            with native_phase("tracing and lowering the model (torch aot_compile)"):
+                compiled_fn = aot((args, kwargs))
         except Exception as exc:
             if not fake:
                 raise
@@ -421,13 +423,15 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
         configs: list[Path] = []
         if tune:
             t1 = time.perf_counter()
-            warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
+            with native_phase("running the compiled kernels once (warm-up, autotuning)"):
+                warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
             configs = list(cache_root.rglob("*.best_config"))
             log.info("tuned %d kernels on the target in %.1f s", len(configs),
                      time.perf_counter() - t1)
         elif kernels is not None:
             try:
-                warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
+                with native_phase("running the compiled kernels once (CPU warm-up)"):
+                    warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
             except Exception as exc:  # the artifact stands; nodes compile the kernels
                 log.warning("CPU warm-up failed, no kernels shipped: %s", exc)
                 kernels = None
