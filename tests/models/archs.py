@@ -604,3 +604,20 @@ def build(arch: str) -> nn.Module:
     if arch not in BY_NAME:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(BY_NAME)}")
     return BY_NAME[arch].factory()
+
+
+class ParametrizedConv(nn.Module):
+    """A conv under torch's weight_norm parametrization (wav2vec2's positional
+    conv, in small): Dynamo cannot pickle it into an aot_compile artifact's
+    guards, torch.export packages it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 4, 3, padding=1), dim=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x))
+
+
+def parametrized_conv() -> nn.Module:
+    return ParametrizedConv()
