@@ -201,6 +201,12 @@ def render(data: dict[str, Any]) -> str:
     counts: dict[str, int] = {}
     for row in data["rows"]:
         counts[row.get("outcome", "not run")] = counts.get(row.get("outcome", "not run"), 0) + 1
+    for r in data.get("reruns", []):
+        out += [
+            "",
+            f"Rows run again {r['generated_at']}: `{r['command']}`, "
+            f"{r['wall_s'] / 60:.1f} min, pytest exit {r['pytest_exit']}.",
+        ]
     out += [
         "",
         "Outcomes: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ".",
