@@ -25,6 +25,7 @@ LONG_FIRST = (
     "test_pipeline", "test_faults", "test_pipeline_recovery", "test_compile_cpu",
     "test_embedded", "test_hostile_models", "test_netns", "test_byom", "test_programs",
     "test_attestation", "test_load", "test_everyday", "test_aoti_check", "test_fuzz_api",
+    "test_architectures",
 )
 
 

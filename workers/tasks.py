@@ -78,7 +78,9 @@ def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
     elif res.oom:
         head = res.describe()  # the peak, what took the memory, the setting that raises it
     elif res.signal:
-        head = f"crashed with signal {res.signal}"
+        # Where: its announced native phase and last Python frame.
+        where = res.crash_site()
+        head = f"crashed with signal {res.signal}" + (f" {where}" if where else "")
     else:
         head = (
             f"{res.error_type}: {res.error}"

@@ -22,6 +22,7 @@ from farm.build.aoti_support import (
     reproducible_cache_dir,
 )
 from farm.build.compile_common import AOTIUnsupported, mode_options
+from farm.build.crash_site import native_phase
 from farm.core.cpu_isa import detect_cpu_isa
 from farm.core.elf import package_linkage
 from farm.core.inputs import call_args
@@ -82,8 +83,9 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         )
 
     # Constants the node's module must supply, with what each must be.
-    named = dict(module.named_parameters())
-    named.update(module.named_buffers())
+    # Every name (a tied weight's too): torch.export may keep either.
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
     constants = {
         name: _describe(named[name]) for name in [*ep.state_dict, *ep.constants] if name in named
     }
@@ -136,7 +138,8 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         configs["max_autotune_gemm_backends"] = gemm_backends
 
     t0 = time.perf_counter()
-    with reproducible_cache_dir(_build_key(spec, device)):
+    with reproducible_cache_dir(_build_key(spec, device)), native_phase(
+            "compiling the AOTInductor package (torch aoti_compile_and_package)"):
         torch._inductor.aoti_compile_and_package(
             ep, package_path=str(path), inductor_configs=configs
         )

@@ -61,6 +61,7 @@ from farm.build.aoti_compile import compile_aoti
 from farm.build.aoti_support import cxx_identity
 from farm.build.compile_common import AOTIUnsupported, CompileError, ModelDoesNotFit, mode_options
 from farm.build.cpu_kernels import record_loaded_kernels
+from farm.build.crash_site import native_phase
 from farm.build.fake_weights import (
     WEIGHTS_FAKE,
     WeightFreeGuards,
@@ -81,6 +82,7 @@ from farm.core.modelref import (
 )
 from farm.core.parallel import build_mesh, fake_group, replicate
 from farm.core.specs import GradMode, JobSpec
+from farm.core.text import first_line
 from farm.core.torch_compat import enable_aot_compile
 from farm.node.bundle import write_bundle
 from farm.node.loader import FORMAT_AOT_COMPILE, FORMAT_AOTI, call_module
@@ -250,6 +252,7 @@ def compile_artifacts(
             common["cpu_isa"] = detect_cpu_isa()
         common["cxx"] = cxx_identity()
         out: list[CompiledArtifact] = []
+        first_failure: Exception | None = None
         for fmt in wanted:
             path = out_dir / ARTIFACT_FILES[fmt]
             t0 = time.perf_counter()
@@ -265,6 +268,23 @@ def compile_artifacts(
                 skipped[fmt] = str(exc)
                 failed[fmt] = str(exc)
                 continue
+            except Exception as exc:
+                if first_failure is not None:
+                    raise first_failure from exc  # aot_compile's error stays the build's
+                # The farm's own refusals (CompileError: the job asks for
+                # something that cannot be) are the build's, whatever AOTI does.
+                if (explicit or fmt != FORMAT_AOT_COMPILE or FORMAT_AOTI not in wanted
+                        or isinstance(exc, (CompileError, ModelDoesNotFit))):
+                    raise
+                # One format torch cannot build must not cost the other:
+                # wav2vec2's aot_compile fails (Dynamo cannot pickle its
+                # weight_norm parametrization into the guards) where its AOTI
+                # package (torch.export) builds and matches eager.
+                log.warning("aot_compile of %s failed, building the AOTI package still: %s",
+                            spec.name, exc, exc_info=True)
+                first_failure = first_failure or exc
+                failed[fmt] = f"{type(exc).__name__}: {first_line(exc)}"
+                continue
             meta = {
                 **common,
                 **meta,
@@ -274,7 +294,9 @@ def compile_artifacts(
                 "sha256": sha256_file(path),
             }
             out.append(CompiledArtifact(path=path, format=fmt, meta=meta))
-    if skipped:
+    if not out and first_failure is not None:
+        raise first_failure
+    if skipped or failed:
         for art in out:
             art.meta["aoti_skipped"] = skipped.get(FORMAT_AOTI)
             # What was to be built and failed ({format: {"stage", "reason"}};
@@ -401,7 +423,8 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
     tune = device.type == "cuda" and not fake
     with grad_context(spec.grad_mode), _regional(spec, model) as regions:
         try:
-            compiled_fn = aot((args, kwargs))
+            with native_phase("tracing and lowering the model (torch aot_compile)"):
+                compiled_fn = aot((args, kwargs))
         except Exception as exc:
             if not fake:
                 raise
@@ -421,13 +444,15 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
         configs: list[Path] = []
         if tune:
             t1 = time.perf_counter()
-            warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
+            with native_phase("running the compiled kernels once (warm-up, autotuning)"):
+                warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
             configs = list(cache_root.rglob("*.best_config"))
             log.info("tuned %d kernels on the target in %.1f s", len(configs),
                      time.perf_counter() - t1)
         elif kernels is not None:
             try:
-                warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
+                with native_phase("running the compiled kernels once (CPU warm-up)"):
+                    warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
             except Exception as exc:  # the artifact stands; nodes compile the kernels
                 log.warning("CPU warm-up failed, no kernels shipped: %s", exc)
                 kernels = None

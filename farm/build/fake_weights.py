@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from farm.build.guards import GuardPolicy
+from farm.core.aliases import to_empty_keeping_aliases
 from farm.core.inputs import TensorSpec
 from farm.core.modelref import apply_grad_mode, build_module, mark_dynamic_dims
 from farm.core.specs import JobSpec
@@ -99,7 +100,7 @@ def build_fake(spec: JobSpec, device: torch.device) -> tuple[Any, Any]:
     mode = fake_tensor_mode()
     if isinstance(model, nn.Module):
         with mode:
-            model.to_empty(device=device)
+            to_empty_keeping_aliases(model, device)
         apply_grad_mode(model, spec.grad_mode)
     return model, mode
 

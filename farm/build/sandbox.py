@@ -64,6 +64,7 @@ from typing import Any
 
 from farm.build import cgroup_limits, memory_budget, uid_slots, zygote
 from farm.build.child_env import allowed_env, sandbox_user, scrubbed_env
+from farm.build.crash_site import crash_site
 from farm.build.isolation import (
     DEFAULT_SANDBOX_UID,
     NO_BWRAP,
@@ -118,6 +119,11 @@ class SandboxResult:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def crash_site(self) -> str | None:
+        """Where a child that a signal ended was (its announced native phase,
+        faulthandler's last Python frame): ``farm.build.crash_site``."""
+        return crash_site(self.stderr_tail) if self.signal else None
+
     def describe(self) -> str:
         """One line saying how the child ended."""
         if self.ok:
@@ -128,7 +134,8 @@ class SandboxResult:
             head = f"exceeded its memory limit ({self.peak_rss_mb:.0f} MB peak)"
             return f"{head}: {self.error}" if self.error else head
         if self.signal:
-            return f"crashed with {self.signal}"
+            where = self.crash_site()
+            return f"crashed with {self.signal}" + (f" {where}" if where else "")
         if self.error_type:
             return f"{self.error_type}: {self.error}"
         return f"exited with code {self.exit_code}"

@@ -22,6 +22,7 @@ from farm.build.fake_weights import (
     build_fake,
     fake_unsupported,
 )
+from farm.core.aliases import to_empty_keeping_aliases, zero_unloaded
 from farm.core.modelref import apply_grad_mode, build_module
 from farm.core.parallel import build_mesh, parallelize
 from farm.core.specs import JobSpec
@@ -80,7 +81,12 @@ def build_weightless(spec: JobSpec, device: torch.device) -> Any:
         if device.type == "cuda":
             free, total = usable_gpu_memory(device)
             check_fits(tensor_bytes(model), free_bytes=free, total_bytes=total, device=str(device))
-        model.to_empty(device=device)
+        # Tied weights stay tied (to_empty alone unties them, and the node's
+        # module has them tied), and what no checkpoint loads is zeroed: a
+        # garbage index buffer (BERT's position_ids) made the CPU warm-up
+        # call abort the build child in Inductor's bounds check.
+        to_empty_keeping_aliases(model, device)
+        zero_unloaded(model)
         apply_grad_mode(model, spec.grad_mode)
         if spec.options.parallel is not None:
             model = parallelize(model, spec.options.parallel, build_mesh())

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from farm.core.aliases import to_empty_keeping_aliases
 from farm.core.inputs import TensorSpec
 from farm.core.specs import GradMode, ModelRef
 
@@ -269,7 +270,8 @@ def materialize(
     compile worker used.
     """
     device = torch.device(device)
-    module.to_empty(device=device)
+    # Tied weights stay one tensor, as in the module a node loads.
+    to_empty_keeping_aliases(module, device)
     # Fork only the RNG of the device we write to: forking every GPU is slow and
     # the caller's RNG stream is left as it was.
     accel = device.type not in ("cpu", "meta")

@@ -39,7 +39,9 @@ def test_manifest_names_every_parameter_and_buffer_with_what_guards_checked() ->
         ("fc1.weight", "parameter"), ("fc1.bias", "parameter"), ("fc2.weight", "parameter"),
         ("fc2.bias", "parameter"), ("scale", "buffer")]
     assert m[0] == {"name": "fc1.weight", "kind": "parameter", "shape": [64, 32],
-                    "dtype": "float32", "device": "cpu", "requires_grad": True}
+                    "dtype": "float32", "device": "cpu", "requires_grad": True,
+                    "tensor": "fc1.weight"}
+    assert m[-1]["persistent"] is True
 
 
 def test_the_same_module_fits_and_one_built_on_meta_does_too() -> None:
