@@ -11,6 +11,7 @@ import logging
 import math
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
@@ -45,6 +46,18 @@ def trace_stale_after_s() -> float:
     return float(s.trace_timeout_s) + max(5.0, 2.0 * context.heartbeat_max_age_s())
 
 
+def _touch_alive_file() -> None:
+    """After a recorded beat: the container healthcheck reads this file's age
+    (a solo worker busy with a build cannot answer a Celery ping)."""
+    path = context.settings().farm_worker_alive_file
+    if not path:
+        return
+    try:
+        Path(path).touch()
+    except OSError as exc:
+        log.warning("cannot touch the alive file %s: %s", path, exc)
+
+
 def _beat_forever() -> None:
     from workers.tasks import enqueue_compile, enqueue_trace
 
@@ -67,6 +80,7 @@ def _beat_forever() -> None:
             log.exception("heartbeat failed; retrying in %s s", period)
             _stop.wait(period)
             continue
+        _touch_alive_file()
         recovered = time.monotonic() - last_failure > 2 * context.heartbeat_max_age_s()
         try:
             if _identity["kind"] == "trace" and recovered:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import quote
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -23,6 +24,9 @@ class Settings(BaseSettings):
 
     farm_home: Path = Field(default_factory=default_home)
     database_url: str = ""  # default: sqlite under farm_home
+    # A file holding the database password (a docker secret): put into
+    # DATABASE_URL, which then names no password of its own.
+    database_password_file: str = ""
     broker_url: str = ""  # default: REDIS_URL, else SQLite broker under farm_home
     redis_url: str = ""
     blob_store_url: str = ""  # default: file:// under farm_home
@@ -50,6 +54,8 @@ class Settings(BaseSettings):
     farm_token: str = ""
     # Bootstrap admin token accepted by the API (hashed in memory); for first setup.
     farm_admin_token: str = ""
+    # The same, read from a file (a docker secret) when FARM_ADMIN_TOKEN is unset.
+    farm_admin_token_file: str = ""
     # Embedded mode turns auth off only when explicitly asked.
     farm_auth: bool = True
     # Limits for model code run by workers.
@@ -77,6 +83,9 @@ class Settings(BaseSettings):
     # uvicorn's per-request access log ("off" halves the CPU of a cached resolve).
     farm_access_log: bool = True
     heartbeat_s: int = 10
+    # A file a worker touches after every heartbeat it records: a container
+    # healthcheck reads its age (docker-compose.yml). Empty: none.
+    farm_worker_alive_file: str = ""
     # Redis redelivers a task nobody acked after this long; None: twice the
     # build timeout plus 300 s (visibility_timeout_s()), so a build is never
     # redelivered while it still runs.
@@ -126,6 +135,18 @@ class Settings(BaseSettings):
     # --distinct measures that: every resolve reads the database).
     farm_resolve_cache_s: float = 1.0
 
+    @model_validator(mode="after")
+    def _read_secret_files(self) -> Settings:
+        # Docker secrets are files: the values are read once, here, so the
+        # rest of the farm sees them as if they had been set directly.
+        if self.farm_admin_token_file and not self.farm_admin_token:
+            self.farm_admin_token = _read_secret(self.farm_admin_token_file)
+        if self.database_password_file and self.database_url:
+            self.database_url = with_password(
+                self.database_url, _read_secret(self.database_password_file)
+            )
+        return self
+
     def visibility_timeout_s(self) -> int:
         if self.farm_visibility_timeout_s is not None:
             return self.farm_visibility_timeout_s
@@ -149,6 +170,27 @@ class Settings(BaseSettings):
 
     def resolved_cache_dir(self) -> Path:
         return self.client_cache_dir or (self.farm_home / "cache")
+
+
+def _read_secret(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the secret file {path}: {exc.strerror}") from None
+
+
+def with_password(url: str, password: str) -> str:
+    """``url`` (scheme://user@host/...) with ``password`` for its user."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or "@" not in netloc:
+        raise ValueError(
+            "DATABASE_PASSWORD_FILE needs a DATABASE_URL with a user "
+            "(postgresql+psycopg://USER@HOST/DB)"
+        )
+    user = netloc.rsplit("@", 1)[0].split(":", 1)[0]
+    host = netloc.rsplit("@", 1)[1]
+    return f"{scheme}://{user}:{quote(password, safe='')}@{host}{slash}{path}"
 
 
 # Settings a build's sandboxed children (trace, compile, verify) read

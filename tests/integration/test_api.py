@@ -594,6 +594,14 @@ def test_healthz(api: Api) -> None:
     assert r.status_code == 200 and r.json()["status"] == "ok"
 
 
+def test_livez_answers_while_the_farm_is_not_ready(api: Api) -> None:
+    # No compile worker beats here: not ready for jobs, yet alive (what a
+    # container healthcheck asks; docker-compose.yml).
+    assert api.client.get("/readyz").status_code == 503
+    r = api.client.get("/livez")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
 def test_metrics(db_url: str, tmp_path: Path, redis_url: str) -> None:
     import redis
 
