@@ -86,9 +86,15 @@ class Settings(BaseSettings):
     # A file a worker touches after every heartbeat it records: a container
     # healthcheck reads its age (docker-compose.yml). Empty: none.
     farm_worker_alive_file: str = ""
-    # Redis redelivers a task nobody acked after this long; None: twice the
-    # build timeout plus 300 s (visibility_timeout_s()), so a build is never
-    # redelivered while it still runs.
+    # Limits of the parts of a task that run outside the sandbox: fetching
+    # and installing a job's code pack and its wheels, and storing one
+    # artifact in the blob store. Past one, the task is retried.
+    farm_code_fetch_timeout_s: float = 600.0
+    farm_upload_timeout_s: float = 600.0
+    # Redis redelivers a task nobody acked after this long. None: the longest
+    # task's worst case from the limits above plus a margin
+    # (workers.timing.visibility_timeout_s), so a task is never redelivered
+    # while it still runs.
     farm_visibility_timeout_s: int | None = None
     # How long a job or claim may sit queued before the sweep assumes its
     # message was lost (the broker was down, or restarted without persistence)
@@ -146,11 +152,6 @@ class Settings(BaseSettings):
                 self.database_url, _read_secret(self.database_password_file)
             )
         return self
-
-    def visibility_timeout_s(self) -> int:
-        if self.farm_visibility_timeout_s is not None:
-            return self.farm_visibility_timeout_s
-        return self.build_timeout_s * 2 + 300
 
     def embedded_devices(self) -> tuple[str, ...]:
         return tuple(d.strip() for d in self.farm_embedded_devices.split(",") if d.strip())
