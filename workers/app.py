@@ -13,7 +13,7 @@ from kombu import Queue
 
 from farm.core.settings import get_settings
 from workers.routing import TASK_ROUTES, TRACE_QUEUE
-from workers.timing import visibility_timeout_s
+from workers.timing import redis_transport_options
 
 
 def make_celery() -> Celery:
@@ -22,7 +22,6 @@ def make_celery() -> Celery:
     if broker.startswith("sqla+sqlite:///"):
         settings.farm_home.mkdir(parents=True, exist_ok=True)
     app = Celery("torch_farm", broker=broker, include=["workers.tasks"])
-    visibility = visibility_timeout_s(settings)
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -42,7 +41,7 @@ def make_celery() -> Celery:
         # (The SQLite broker hands transport options to create_engine, which
         # knows no visibility timeout: Redis only.)
         broker_transport_options=(
-            {"visibility_timeout": visibility} if broker.startswith(("redis", "rediss")) else {}
+            redis_transport_options(settings) if broker.startswith(("redis", "rediss")) else {}
         ),
         worker_hijack_root_logger=False,
         # Task events (sent, started, succeeded, failed, retried) for Flower

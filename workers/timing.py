@@ -62,6 +62,17 @@ def visibility_timeout_s(s: Settings) -> int:
     return math.ceil(max(compile_worst_case_s(s), trace_worst_case_s(s)) + MARGIN_S)
 
 
+def redis_transport_options(s: Settings) -> dict[str, float]:
+    """kombu's Redis options: the visibility timeout, and with
+    FARM_UNACKED_RESTORE_S how often idle workers look for messages past it
+    (an interval and no throttle: that interval alone decides)."""
+    options: dict[str, float] = {"visibility_timeout": visibility_timeout_s(s)}
+    if s.farm_unacked_restore_s is not None:
+        options["unacked_restore_interval"] = s.farm_unacked_restore_s
+        options["unacked_restore_throttle"] = 1
+    return options
+
+
 class DeadlineExceeded(Exception):
     """A part of a task ran past its limit (``deadline``)."""
 

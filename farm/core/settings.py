@@ -96,6 +96,9 @@ class Settings(BaseSettings):
     # (workers.timing.visibility_timeout_s), so a task is never redelivered
     # while it still runs.
     farm_visibility_timeout_s: int | None = None
+    # How often an idle worker scans Redis for messages past the visibility
+    # timeout (kombu's restore). None: kombu's default (about every 100 s).
+    farm_unacked_restore_s: float | None = None
     # How long a job or claim may sit queued before the sweep assumes its
     # message was lost (the broker was down, or restarted without persistence)
     # and sends it again. A duplicate is harmless but not free: keep this above
