@@ -261,7 +261,7 @@ def build_stats_by_target(db: Database) -> list[dict[str, Any]]:
                    func.coalesce(func.sum(m.Build.compile_s), 0.0),
                    func.count(m.Build.compile_s))
             .group_by(m.Build.target, m.Build.state)).all()
-    return [{"target": t, "state": st, "builds": int(n), "compile_s": float(sec),
+    return [{"target": t, "state": st, "builds": int(n), "compile_s": float(sec or 0.0),
              "timed": int(timed)} for t, st, n, sec, timed in rows]
 
 
