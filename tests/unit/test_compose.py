@@ -480,3 +480,36 @@ def test_the_worker_healthcheck_reads_the_heartbeat_file(
     assert subprocess.run(argv).returncode != 0, "three missed beats are not"
     mine.unlink()
     assert subprocess.run(argv, capture_output=True).returncode != 0, "no beat yet is not"
+
+
+def test_pin_images_writes_a_digest_for_every_pulled_image(tmp_path: Path) -> None:
+    # On a copy, with a `docker` that answers `buildx imagetools inspect` as
+    # a registry would (no registry is reachable here).
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "deploy").mkdir()
+    for f in ("docker-compose.yml", "Dockerfile", "scripts/pin_images.sh",
+              "deploy/seccomp-bwrap.json"):
+        shutil.copy(ROOT / f, repo / f)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "docker"
+    fake.write_text('#!/bin/sh\necho "\\"sha256:$(printf %s "$6" | sha256sum | cut -c1-64)\\""\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    for _ in range(2):  # and again: a re-pin replaces the digest, never appends one
+        r = subprocess.run(["bash", "scripts/pin_images.sh"], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    data = yaml.safe_load(_substitute((repo / "docker-compose.yml").read_text(),
+                                      {"FARM_S3_HOST": "h"}))
+    digest = re.compile(r"^[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}$")
+    for name, svc in data["services"].items():
+        if "build" not in svc:
+            assert digest.match(svc["image"]), (name, svc["image"])
+    docker = (repo / "Dockerfile").read_text()
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11\.7-slim@sha256:[0-9a-f]{64}$", docker, re.M)
+    # The pinned file is still one the compose CLI and the tests accept.
+    r = subprocess.run([*_compose_cli(), "-f", "docker-compose.yml", "config", "-q"], cwd=repo,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
