@@ -18,6 +18,26 @@ if ! command -v bwrap >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q lib
          "(apt-get install -y bubblewrap libseccomp2)" >&2
   fi
 fi
+# The deployment's tests (tests/unit/test_compose.py, test_seccomp_profile.py):
+# a compose CLI that validates docker-compose.yml without a daemon (Debian's
+# docker-compose, unless the docker compose plugin is there) and libseccomp's
+# Python binding, which applies the workers' seccomp profile as runc does.
+need=()
+if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null 2>&1; then
+  need+=(docker-compose)
+fi
+if ! /usr/bin/python3 -c "import seccomp" >/dev/null 2>&1; then
+  need+=(python3-seccomp)
+fi
+if [ "${#need[@]}" -gt 0 ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") \
+      >/dev/null 2>&1 \
+      || echo "bootstrap: could not install ${need[*]} (apt-get install -y ${need[*]})" >&2
+  else
+    echo "bootstrap: missing ${need[*]}: install them (apt-get install -y ${need[*]})" >&2
+  fi
+fi
 # The dashboard's browser test (tests/integration/test_dashboard.py) drives
 # Debian's chromium headless through playwright; playwright's own browser
 # download is never used.

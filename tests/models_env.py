@@ -66,6 +66,20 @@ def slow_once(marker: str, seconds: float = 60.0, dim: int = 8, out: int = 4) ->
     return nn.Linear(dim, out, bias=False)
 
 
+def slow_in(at: str, seconds: float, record: str, dim: int = 8, out: int = 4) -> nn.Module:
+    """A Linear that takes ``seconds`` in stage ``at`` ('compile': a build
+    longer than the broker's visibility timeout), appending a ``start PID``
+    and an ``end PID`` line to ``record`` around the wait (unisolated farms:
+    an isolated child cannot write there)."""
+    if stage() == at:
+        with open(record, "a") as f:
+            f.write(f"start {os.getpid()}\n")
+        time.sleep(seconds)
+        with open(record, "a") as f:
+            f.write(f"end {os.getpid()}\n")
+    return nn.Linear(dim, out, bias=False)
+
+
 def stage_bomb(how: str, at: str, dim: int = 8) -> nn.Module:
     """A healthy Linear, except in stage ``at``, where it raises, hangs,
     crashes the interpreter (SIGSEGV) or allocates until it is stopped."""

@@ -13,6 +13,7 @@ from kombu import Queue
 
 from farm.core.settings import get_settings
 from workers.routing import TASK_ROUTES, TRACE_QUEUE
+from workers.timing import redis_transport_options
 
 
 def make_celery() -> Celery:
@@ -21,7 +22,6 @@ def make_celery() -> Celery:
     if broker.startswith("sqla+sqlite:///"):
         settings.farm_home.mkdir(parents=True, exist_ok=True)
     app = Celery("torch_farm", broker=broker, include=["workers.tasks"])
-    visibility = settings.visibility_timeout_s()
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -41,10 +41,14 @@ def make_celery() -> Celery:
         # (The SQLite broker hands transport options to create_engine, which
         # knows no visibility timeout: Redis only.)
         broker_transport_options=(
-            {"visibility_timeout": visibility} if broker.startswith(("redis", "rediss")) else {}
+            redis_transport_options(settings) if broker.startswith(("redis", "rediss")) else {}
         ),
         worker_hijack_root_logger=False,
-        worker_send_task_events=False,
+        # Task events (sent, started, succeeded, failed, retried) for Flower
+        # and `celery events`; the farm's own metrics come from SQL and the
+        # broker (registry.api.metrics), so a farm without a monitor loses nothing.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
     return app

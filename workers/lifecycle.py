@@ -7,17 +7,21 @@ the sweep (run by trace workers) re-enqueues what it was compiling.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 
 from farm.core.settings import get_settings
 from registry import service
+from registry.dispatch import TRACE_QUEUE
 from workers import context
+from workers.broker_view import BrokerView
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +35,9 @@ def configure(*, kind: str, queue: str, target: str | None) -> None:
 
 
 def requeue_after_s() -> float:
-    """How long a job or claim may sit queued before the sweep assumes its
-    message was lost (the broker was down, or restarted without persistence)
-    and sends it again. A duplicate is harmless but not free: keep this above
-    the longest wait in the queue."""
+    """How long a job or claim may sit queued before the sweep looks for its
+    message in the broker, and sends it again if it is not there (the broker
+    was down, or restarted without persistence)."""
     return get_settings().farm_requeue_after_s
 
 
@@ -43,6 +46,18 @@ def trace_stale_after_s() -> float:
     sandbox ends every trace by the trace time limit (plus its kill grace)."""
     s = context.settings()
     return float(s.trace_timeout_s) + max(5.0, 2.0 * context.heartbeat_max_age_s())
+
+
+def _touch_alive_file() -> None:
+    """After a recorded beat: the container healthcheck reads this file's age
+    (a solo worker busy with a build cannot answer a Celery ping)."""
+    path = context.settings().farm_worker_alive_file
+    if not path:
+        return
+    try:
+        Path(path).touch()
+    except OSError as exc:
+        log.warning("cannot touch the alive file %s: %s", path, exc)
 
 
 def _beat_forever() -> None:
@@ -67,13 +82,18 @@ def _beat_forever() -> None:
             log.exception("heartbeat failed; retrying in %s s", period)
             _stop.wait(period)
             continue
+        _touch_alive_file()
         recovered = time.monotonic() - last_failure > 2 * context.heartbeat_max_age_s()
         try:
             if _identity["kind"] == "trace" and recovered:
+                # Queued work whose message the broker still holds only waits:
+                # re-sent is only what is lost (workers.broker_view).
+                broker = BrokerView(context.settings().resolved_broker_url())
                 for d in service.requeue_stale_claims(
                     context.database(),
                     max_age_s=context.heartbeat_max_age_s(),
                     queued_max_age_s=requeue_after_s(),
+                    still_queued=broker.holds,
                 ):
                     log.warning("re-enqueueing build %s of a dead worker", d.build_key[:12])
                     enqueue_compile(d)
@@ -82,6 +102,7 @@ def _beat_forever() -> None:
                     max_age_s=requeue_after_s(),
                     tracing_max_age_s=trace_stale_after_s(),
                     heartbeat_max_age_s=context.heartbeat_max_age_s(),
+                    still_queued=functools.partial(broker.holds, TRACE_QUEUE),
                 ):
                     log.warning("re-enqueueing job %s whose trace was lost", job_id)
                     enqueue_trace(job_id)

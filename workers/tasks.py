@@ -36,18 +36,17 @@ from registry.service.cache import cache_salt
 from workers import context
 from workers.app import app
 from workers.routing import COMPILE_TASK, TRACE_TASK
+from workers.timing import FINISH_WAIT_S, DeadlineExceeded, deadline
 
 log = logging.getLogger(__name__)
 
 # Errors of the farm's own infrastructure, worth retrying.
-# How long a finished build waits for the database to take its artifacts.
-FINISH_WAIT_S = 120.0
-
 RETRYABLE: tuple[type[BaseException], ...] = (
     DatabaseUnavailable,
     OperationalError,
     ConnectionError,
     TimeoutError,
+    DeadlineExceeded,  # a code download or an upload past its limit (workers.timing)
 )
 try:  # botocore is only there with the S3 store
     from botocore.exceptions import BotoCoreError, ClientError
@@ -151,7 +150,8 @@ def trace_task(self: Task, job_id: str) -> None:
         log.info("job %s is past tracing; nothing to do", job_id)
         return
     try:
-        paths = _code_paths(spec)
+        with deadline(s.farm_code_fetch_timeout_s, "fetching the job's code"):
+            paths = _code_paths(spec)
         isolation = build_isolation(what=f"trace of job {job_id}")
     except (CodeUnavailable, SandboxUnavailable) as exc:
         log.warning("job %s cannot be traced: %s", job_id, exc)
@@ -233,7 +233,8 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
     # then fork from a warm, sandboxed interpreter instead of importing torch.
     with tempfile.TemporaryDirectory(prefix="farm-build-", dir=zygote.work_dir()) as tmp:
         try:
-            paths = _code_paths(spec)
+            with deadline(s.farm_code_fetch_timeout_s, "fetching the job's code"):
+                paths = _code_paths(spec)
             isolation = build_isolation(writable=(tmp,), what=f"build {build_key[:12]}")
         except (CodeUnavailable, SandboxUnavailable) as exc:
             service.fail_compile(db, build_key, error=str(exc))
@@ -334,7 +335,8 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
             continue
         # Blob first, row second: a row never points at a missing blob.
         _stage(db, build_key, f"storing {art.format}")
-        info = store.put_file(art.path)
+        with deadline(s.farm_upload_timeout_s, f"storing the {art.format} artifact"):
+            info = store.put_file(art.path)
         if (info.digest, info.size) != (art.sha256, art.size):
             # The copy is the worker's, read-only: something changed it after it
             # was taken. Its stored blob is not what was measured: no artifact.

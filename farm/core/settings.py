@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import quote
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -23,6 +24,9 @@ class Settings(BaseSettings):
 
     farm_home: Path = Field(default_factory=default_home)
     database_url: str = ""  # default: sqlite under farm_home
+    # A file holding the database password (a docker secret): put into
+    # DATABASE_URL, which then names no password of its own.
+    database_password_file: str = ""
     broker_url: str = ""  # default: REDIS_URL, else SQLite broker under farm_home
     redis_url: str = ""
     blob_store_url: str = ""  # default: file:// under farm_home
@@ -50,6 +54,8 @@ class Settings(BaseSettings):
     farm_token: str = ""
     # Bootstrap admin token accepted by the API (hashed in memory); for first setup.
     farm_admin_token: str = ""
+    # The same, read from a file (a docker secret) when FARM_ADMIN_TOKEN is unset.
+    farm_admin_token_file: str = ""
     # Embedded mode turns auth off only when explicitly asked.
     farm_auth: bool = True
     # Limits for model code run by workers. BUILD_MEMORY_MB: what one build
@@ -91,10 +97,22 @@ class Settings(BaseSettings):
     # uvicorn's per-request access log ("off" halves the CPU of a cached resolve).
     farm_access_log: bool = True
     heartbeat_s: int = 10
-    # Redis redelivers a task nobody acked after this long; None: twice the
-    # build timeout plus 300 s (visibility_timeout_s()), so a build is never
-    # redelivered while it still runs.
+    # A file a worker touches after every heartbeat it records: a container
+    # healthcheck reads its age (docker-compose.yml). Empty: none.
+    farm_worker_alive_file: str = ""
+    # Limits of the parts of a task that run outside the sandbox: fetching
+    # and installing a job's code pack and its wheels, and storing one
+    # artifact in the blob store. Past one, the task is retried.
+    farm_code_fetch_timeout_s: float = 600.0
+    farm_upload_timeout_s: float = 600.0
+    # Redis redelivers a task nobody acked after this long. None: the longest
+    # task's worst case from the limits above plus a margin
+    # (workers.timing.visibility_timeout_s), so a task is never redelivered
+    # while it still runs.
     farm_visibility_timeout_s: int | None = None
+    # How often an idle worker scans Redis for messages past the visibility
+    # timeout (kombu's restore). None: kombu's default (about every 100 s).
+    farm_unacked_restore_s: float | None = None
     # How long a job or claim may sit queued before the sweep assumes its
     # message was lost (the broker was down, or restarted without persistence)
     # and sends it again. A duplicate is harmless but not free: keep this above
@@ -143,10 +161,17 @@ class Settings(BaseSettings):
     # --distinct measures that: every resolve reads the database).
     farm_resolve_cache_s: float = 1.0
 
-    def visibility_timeout_s(self) -> int:
-        if self.farm_visibility_timeout_s is not None:
-            return self.farm_visibility_timeout_s
-        return self.build_timeout_s * 2 + 300
+    @model_validator(mode="after")
+    def _read_secret_files(self) -> Settings:
+        # Docker secrets are files: the values are read once, here, so the
+        # rest of the farm sees them as if they had been set directly.
+        if self.farm_admin_token_file and not self.farm_admin_token:
+            self.farm_admin_token = _read_secret(self.farm_admin_token_file)
+        if self.database_password_file and self.database_url:
+            self.database_url = with_password(
+                self.database_url, _read_secret(self.database_password_file)
+            )
+        return self
 
     def embedded_devices(self) -> tuple[str, ...]:
         return tuple(d.strip() for d in self.farm_embedded_devices.split(",") if d.strip())
@@ -166,6 +191,27 @@ class Settings(BaseSettings):
 
     def resolved_cache_dir(self) -> Path:
         return self.client_cache_dir or (self.farm_home / "cache")
+
+
+def _read_secret(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the secret file {path}: {exc.strerror}") from None
+
+
+def with_password(url: str, password: str) -> str:
+    """``url`` (scheme://user@host/...) with ``password`` for its user."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or "@" not in netloc:
+        raise ValueError(
+            "DATABASE_PASSWORD_FILE needs a DATABASE_URL with a user "
+            "(postgresql+psycopg://USER@HOST/DB)"
+        )
+    user = netloc.rsplit("@", 1)[0].split(":", 1)[0]
+    host = netloc.rsplit("@", 1)[1]
+    return f"{scheme}://{user}:{quote(password, safe='')}@{host}{slash}{path}"
 
 
 # Settings a build's sandboxed children (trace, compile, verify) read

@@ -1,5 +1,6 @@
 """Liveness, readiness and metrics: no token needed.
 
+``/livez``: the process answers (a container's liveness check).
 ``/healthz``: the API and what it stands on (database, blob store) answer.
 ``/readyz``: the farm can take a job now, which also needs a live compile
 worker (without one, a job with no named target has nothing to build for).
@@ -69,6 +70,13 @@ def _answer(checks: dict[str, Any]) -> JSONResponse:
                              + "; ".join(f"{k}: {checks[k]}" for k in down),
                              "checks": checks}, status_code=503)
     return JSONResponse({"status": "ok", "checks": checks})
+
+
+@router.get("/livez")
+def livez() -> dict[str, str]:
+    """200 while the process serves requests: what a container's liveness
+    check asks, whatever the database, blob store or workers do."""
+    return {"status": "ok"}
 
 
 @router.get("/healthz", responses={503: err("a part is down; `checks` says which")})

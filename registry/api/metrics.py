@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from farm.core.net import is_redis_url
@@ -72,6 +72,7 @@ class FarmCollector(Collector):
     def __init__(self, state: AppState) -> None:
         self.state = state
         self._redis: Any = None
+        self._targets: dict[str, str] = {}  # compile queue -> its target
 
     def collect(self) -> Iterator[Any]:
         try:
@@ -90,7 +91,36 @@ class FarmCollector(Collector):
         yield CounterMetricFamily("farm_compile_seconds",
                                   "Seconds spent compiling, summed over finished builds",
                                   value=counts["compile_seconds"])
+        yield from self._per_target()
         yield from self._queue_depth()
+
+    def _per_target(self) -> Iterator[Any]:
+        """The workers' side, per target: builds by state (failures among
+        them) and the compile task's durations (a summary: count and sum)."""
+        try:
+            rows = service.build_stats_by_target(self.state.db)
+        except Exception as exc:
+            log.warning("metrics: cannot read builds per target: %s", exc)
+            return
+        builds = GaugeMetricFamily("farm_target_builds", "Builds by target and state",
+                                   labels=["target", "state"])
+        failed = GaugeMetricFamily("farm_target_builds_failed",
+                                   "Failed builds by target", labels=["target"])
+        durations = SummaryMetricFamily("farm_target_compile_seconds",
+                                        "Compile task durations by target (finished builds)",
+                                        labels=["target"])
+        per_target: dict[str, tuple[int, float, int]] = {}
+        for r in rows:
+            builds.add_metric([r["target"], r["state"]], r["builds"])
+            timed, secs, fails = per_target.get(r["target"], (0, 0.0, 0))
+            per_target[r["target"]] = (timed + r["timed"], secs + r["compile_s"],
+                                       fails + (r["builds"] if r["state"] == "failed" else 0))
+        for target, (timed, secs, fails) in sorted(per_target.items()):
+            failed.add_metric([target], fails)
+            durations.add_metric([target], count_value=timed, sum_value=secs)
+        yield builds
+        yield failed
+        yield durations
 
     def _queue_names(self) -> list[str]:
         names = {TRACE_QUEUE}
@@ -99,6 +129,8 @@ class FarmCollector(Collector):
                                           max_age_s=self.state.heartbeat_max_age_s):
                 if w.get("queue"):
                     names.add(w["queue"])
+                    if w.get("target"):
+                        self._targets[w["queue"]] = w["target"]
         except Exception as exc:
             log.warning("metrics: cannot list workers: %s", exc)
         return sorted(names)
@@ -109,6 +141,8 @@ class FarmCollector(Collector):
             return  # other brokers (the embedded SQLite one) have no cheap LLEN
         depth = GaugeMetricFamily("farm_queue_depth", "Messages waiting in each queue",
                                   labels=["queue"])
+        by_target = GaugeMetricFamily("farm_target_queue_depth",
+                                      "Compile tasks waiting, by target", labels=["target"])
         try:
             if self._redis is None:
                 import redis
@@ -121,9 +155,12 @@ class FarmCollector(Collector):
                 pipe.llen(name)
             for name, n in zip(names, pipe.execute(), strict=True):
                 depth.add_metric([name], int(n))
+                if name != TRACE_QUEUE:
+                    by_target.add_metric([self._targets.get(name, name)], int(n))
         except Exception as exc:
             log.warning("metrics: broker unreadable: %s", exc)
             yield _up("farm_broker_up", "the broker", False)
             return
         yield _up("farm_broker_up", "the broker", True)
         yield depth
+        yield by_target

@@ -59,6 +59,7 @@ from registry.service.lifecycle import (
     set_build_stage,
 )
 from registry.service.views import (
+    build_stats_by_target,
     counts,
     get_artifact,
     job_view,
@@ -81,6 +82,7 @@ __all__ = [
     "NewArtifact",
     "NotFound",
     "begin_compile",
+    "build_stats_by_target",
     "choose_targets",
     "counts",
     "delete_alias",

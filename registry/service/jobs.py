@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta, timezone
 from typing import Any
@@ -326,13 +326,17 @@ def _take_claim(s: Session, key: str, target: str) -> bool:
 
 
 def requeue_stale_claims(
-    db: Database, *, max_age_s: float, queued_max_age_s: float = 900.0
+    db: Database, *, max_age_s: float, queued_max_age_s: float = 900.0,
+    still_queued: Callable[[str, str], bool] | None = None,
 ) -> list[CompileDispatch]:
     """Claims running on a worker that stopped heartbeating (killed, or its
     host cut off), and claims queued for so long that their message was
     probably never sent (a crash between commit and enqueue). For a periodic
     sweep; returns what must be enqueued again. A duplicate message is
-    harmless: ``begin_compile`` lets only one run."""
+    harmless: ``begin_compile`` lets only one run. ``still_queued(queue,
+    build_key)``, when given, says whether the broker still holds a queued
+    claim's message: such a claim merely waits and is not sent again (its
+    stamp moves, so it is asked about once per ``queued_max_age_s``)."""
     out: list[CompileDispatch] = []
     now = _now()
     with db.session() as s:
@@ -349,15 +353,20 @@ def requeue_stale_claims(
                 continue
             if c.state == "queued" and updated > now - timedelta(seconds=queued_max_age_s):
                 continue
+            queue = Target.parse(c.target).queue
+            lost = not (c.state == "queued" and still_queued is not None
+                        and still_queued(queue, c.build_key))
             c.state = "queued"
             c.updated_at = _now()
-            out.append(CompileDispatch(c.build_key, c.target, Target.parse(c.target).queue))
+            if lost:
+                out.append(CompileDispatch(c.build_key, c.target, queue))
     return out
 
 
 def requeue_stale_jobs(
     db: Database, *, max_age_s: float = 900.0, tracing_max_age_s: float | None = None,
     heartbeat_max_age_s: float | None = None,
+    still_queued: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """Jobs still queued long after submission: their trace message was
     probably never sent (the broker was down when the API committed them, or
@@ -369,7 +378,8 @@ def requeue_stale_jobs(
     started that long ago and never ended, whoever traces them: the one way
     to see a lost trace whose worker was never recorded. For the periodic
     sweep; a duplicate trace is harmless, since dispatch goes through compile
-    claims."""
+    claims. ``still_queued(job_id)``, when given, says whether the broker
+    still holds a queued job's trace message: that job is not sent again."""
     now = _now()
     stale = (m.Job.state == "queued") & (m.Job.updated_at < now - timedelta(seconds=max_age_s))
     if tracing_max_age_s is not None:
@@ -389,6 +399,9 @@ def requeue_stale_jobs(
             seen = {j.id for j in jobs}
             jobs += [j for j in tracing if j.id not in seen
                      and not _worker_is_live(s, j.trace_worker, heartbeat_max_age_s)]
+        out = []
         for job in jobs:
-            job.updated_at = _now()  # one re-send per period, not one per sweep
-        return [j.id for j in jobs]
+            job.updated_at = _now()  # one re-send (or look) per period, not one per sweep
+            if not (job.state == "queued" and still_queued is not None and still_queued(job.id)):
+                out.append(job.id)
+        return out

@@ -268,6 +268,19 @@ def record_miss(
         )
 
 
+def build_stats_by_target(db: Database) -> list[dict[str, Any]]:
+    """For metrics: per target and build state, how many builds and the sum
+    of their compile seconds (the compile task's own duration)."""
+    with db.session() as s:
+        rows = s.execute(
+            select(m.Build.target, m.Build.state, func.count(),
+                   func.coalesce(func.sum(m.Build.compile_s), 0.0),
+                   func.count(m.Build.compile_s))
+            .group_by(m.Build.target, m.Build.state)).all()
+    return [{"target": t, "state": st, "builds": int(n), "compile_s": float(sec or 0.0),
+             "timed": int(timed)} for t, st, n, sec, timed in rows]
+
+
 def counts(db: Database) -> dict[str, Any]:
     """For metrics: jobs and builds by state, artifacts, misses."""
     with db.session() as s:

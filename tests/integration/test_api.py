@@ -594,6 +594,14 @@ def test_healthz(api: Api) -> None:
     assert r.status_code == 200 and r.json()["status"] == "ok"
 
 
+def test_livez_answers_while_the_farm_is_not_ready(api: Api) -> None:
+    # No compile worker beats here: not ready for jobs, yet alive (what a
+    # container healthcheck asks; docker-compose.yml).
+    assert api.client.get("/readyz").status_code == 503
+    r = api.client.get("/livez")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
 def test_metrics(db_url: str, tmp_path: Path, redis_url: str) -> None:
     import redis
 
@@ -625,6 +633,15 @@ def test_metrics(db_url: str, tmp_path: Path, redis_url: str) -> None:
         assert samples[("farm_queue_depth", (("queue", "trace"),))] == 2
         assert samples[("farm_queue_depth", (("queue", CPU.queue),))] == 1
         assert samples[("farm_database_up", ())] == 1
+        # The workers' side, per target: builds by state, failures, compile
+        # durations and the compile queue's depth under the target's name.
+        target = (("target", str(CPU)),)
+        assert samples[("farm_target_builds", (("state", "succeeded"), *target))] == 1
+        assert samples[("farm_target_builds", (("state", "pending"), *target))] == 1
+        assert samples[("farm_target_builds_failed", target)] == 0
+        assert samples[("farm_target_compile_seconds_sum", target)] == 2.5
+        assert samples[("farm_target_compile_seconds_count", target)] == 1
+        assert samples[("farm_target_queue_depth", target)] == 1
         key = ("farm_http_request_duration_seconds_count",
                (("method", "GET"), ("route", "/v1/resolve"), ("status", "200")))
         assert samples[key] == 1
