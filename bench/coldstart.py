@@ -112,8 +112,9 @@ def scenario(payload: dict[str, Any]) -> dict[str, Any]:
     if kind == "fleet":
         # The fleet node's path: start resolve, download, verification and the
         # imports loading needs in the background, then load the weights (here:
-        # build the model) as the node does anyway, then bind.
-        from farm.node.client import FarmClient
+        # build the model) as the node does anyway, then bind. The client is
+        # the node's default one (FARM_URL, set by run_child), made and
+        # imported in the background as a node's is.
         from farm.node.compiled import prefetch_compiled
 
         handle = prefetch_compiled(
@@ -122,7 +123,6 @@ def scenario(payload: dict[str, Any]) -> dict[str, Any]:
             example_inputs=[str(x) for x in spec.inputs],
             grad_mode=grad_mode.value,
             device=device.split(":")[0],
-            client=FarmClient(payload["farm_url"]),
             formats=payload.get("farm_formats"),
             warm_imports=payload.get("warm_imports", True),
         )
@@ -238,6 +238,8 @@ def run_child(payload: dict[str, Any], *, no_compiler: bool = False) -> dict[str
             "CLIENT_CACHE_DIR": f"{cache}/farm-node-cache",
             "FARM_HOME": f"{cache}/farm",
         }
+        if payload.get("farm_url"):
+            extra["FARM_URL"] = payload["farm_url"]
         if payload.get("node_cache") == "prefetched":
             # ``farm prefetch`` at node provisioning: the resolve answer, trust
             # state and bytes are in this node's cache before the process starts
@@ -329,7 +331,10 @@ def run_under_agent(payload: dict[str, Any], cache: str) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "farm.node.run", "--agent", payload["agent_socket"], "--",
                sys.executable, str(ROOT / "bench" / "coldstart.py"), "--child", str(pfile),
                str(ofile)]
-        proc = subprocess.Popen(cmd, env={**agent_env(), **cache_env(cache)}, cwd=ROOT,
+        env = {**agent_env(), **cache_env(cache)}
+        if payload.get("farm_url"):
+            env["FARM_URL"] = payload["farm_url"]
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         started = psutil.Process(proc.pid).create_time()
         try:

@@ -32,14 +32,13 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm.core.inputs import TensorSpec
 from farm.core.specs import GradMode, SpecError
 from farm.core.target import Target, TargetError
 from farm.core.text import first_line
 from farm.node.arguments import as_grad_mode, as_input_specs, as_target
-from farm.node.client import FarmClient
 from farm.node.errors import (
     FarmError,
     FarmUnavailable,
@@ -47,6 +46,12 @@ from farm.node.errors import (
     NotFoundError,
     format_rejections,
 )
+
+if TYPE_CHECKING:
+    # Imported where first used (the background thread, for the default
+    # client): httpx, pydantic's settings and the client's own modules take
+    # 0.2 s, which the node's own start need not wait for.
+    from farm.node.client import FarmClient
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +68,9 @@ _WARM_MODULES = (
     "torch._inductor.codegen.memory_planning",
     "torch._inductor.hooks",
     "torch.utils.cpp_extension",
+    # Every module Inductor writes imports it (extern_kernels), and with it
+    # lowering and decompositions: 0.5 s of a CPU load, else run in bind().
+    "torch._inductor.select_algorithm",
 )
 
 
@@ -161,7 +169,21 @@ class CompiledHandle:
         except BaseException as exc:
             self._future.set_exception(exc)
 
+    def _start_warm_imports(self) -> None:
+        if self._import_thread is None:
+            # Beside the download and verification, which wait on the network
+            # and hashlib (both release the GIL).
+            self._import_thread = threading.Thread(target=self._warm, name="farm-warm-imports",
+                                                   daemon=True)
+            self._import_thread.start()
+
     def _prefetch(self) -> Prefetched:
+        if self._warm_wanted and self.grad_mode is GradMode.TRAINING and (
+                self._formats is None or set(self._formats) & _FORMATS_NEEDING_WARM_IMPORTS):
+            # A training artifact is an aot_compile one (AOTI packages are
+            # inference only): its imports can start before the farm answers,
+            # and they are the longest part of its load.
+            self._start_warm_imports()
         t0 = time.perf_counter()
         try:
             target = as_target(self._target_arg, self._device)
@@ -176,11 +198,7 @@ class CompiledHandle:
         t2 = time.perf_counter()
         fmt = resolved["artifact"].get("format")
         if self._warm_wanted and fmt in _FORMATS_NEEDING_WARM_IMPORTS:
-            # Beside the download and verification, which wait on the network
-            # and hashlib (both release the GIL).
-            self._import_thread = threading.Thread(target=self._warm, name="farm-warm-imports",
-                                                   daemon=True)
-            self._import_thread.start()
+            self._start_warm_imports()
         path, verified = self.client.fetch_verified(resolved)
         t3 = time.perf_counter()
         self.timings.update(target_s=t1 - t0, resolve_s=t2 - t1, fetch_verify_s=t3 - t2)
@@ -445,6 +463,8 @@ def default_client() -> FarmClient:
     global _default_client
     with _default_lock:
         if _default_client is None:
+            from farm.node.client import FarmClient
+
             _default_client = FarmClient()
         return _default_client
 
