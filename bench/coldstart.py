@@ -112,8 +112,9 @@ def scenario(payload: dict[str, Any]) -> dict[str, Any]:
     if kind == "fleet":
         # The fleet node's path: start resolve, download, verification and the
         # imports loading needs in the background, then load the weights (here:
-        # build the model) as the node does anyway, then bind.
-        from farm.node.client import FarmClient
+        # build the model) as the node does anyway, then bind. The client is
+        # the node's default one (FARM_URL, set by run_child), made and
+        # imported in the background as a node's is.
         from farm.node.compiled import prefetch_compiled
 
         handle = prefetch_compiled(
@@ -122,7 +123,6 @@ def scenario(payload: dict[str, Any]) -> dict[str, Any]:
             example_inputs=[str(x) for x in spec.inputs],
             grad_mode=grad_mode.value,
             device=device.split(":")[0],
-            client=FarmClient(payload["farm_url"]),
             formats=payload.get("farm_formats"),
             warm_imports=payload.get("warm_imports", True),
         )
@@ -238,6 +238,13 @@ def run_child(payload: dict[str, Any], *, no_compiler: bool = False) -> dict[str
             "CLIENT_CACHE_DIR": f"{cache}/farm-node-cache",
             "FARM_HOME": f"{cache}/farm",
         }
+        if payload.get("farm_url"):
+            extra["FARM_URL"] = payload["farm_url"]
+        if payload.get("node_cache") == "prefetched":
+            # ``farm prefetch`` at node provisioning: the resolve answer, trust
+            # state and bytes are in this node's cache before the process starts
+            # (not counted).
+            prefetch_node_cache(payload, env, extra)
         if payload.get("isa_cache") == "cold":
             # The first process on a machine: farm.core.cpu_isa test-compiles the ISA.
             extra["FARM_ISA_CACHE"] = f"{cache}/cpu-isa.json"
@@ -256,6 +263,26 @@ def run_child(payload: dict[str, Any], *, no_compiler: bool = False) -> dict[str
         return dict(res.value)
     err = res.error or res.describe()
     return {"error": f"{res.error_type or 'failed'}: {err.splitlines()[0][:160]}"}
+
+
+def prefetch_node_cache(payload: dict[str, Any], env: dict[str, str],
+                        extra: dict[str, str]) -> None:
+    """What ``farm prefetch`` does, in a process of its own with the row's
+    environment, so the cached resolve answer is keyed as the row's own."""
+    spec = JobSpec.from_json(payload["spec"])
+    code = (
+        "import sys; from farm.node.client import FarmClient; "
+        "from farm.node.compiled import prefetch_compiled; "
+        f"prefetch_compiled(model={payload['farm_model']!r}, ref='1', "
+        f"example_inputs={[str(x) for x in spec.inputs]!r}, "
+        f"grad_mode={payload.get('grad_mode') or 'inference'!r}, "
+        f"device={payload['device'].split(':')[0]!r}, "
+        f"client=FarmClient({payload['farm_url']!r}), formats={payload.get('farm_formats')!r}, "
+        "overlap=False).result()"
+    )
+    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    subprocess.run([sys.executable, "-c", code], env={**env, **extra, "PYTHONPATH": path},
+                   cwd=ROOT, check=True, timeout=TIMEOUT_S, stdout=subprocess.DEVNULL)
 
 
 def cache_env(cache: str) -> dict[str, str]:
@@ -304,7 +331,10 @@ def run_under_agent(payload: dict[str, Any], cache: str) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "farm.node.run", "--agent", payload["agent_socket"], "--",
                sys.executable, str(ROOT / "bench" / "coldstart.py"), "--child", str(pfile),
                str(ofile)]
-        proc = subprocess.Popen(cmd, env={**agent_env(), **cache_env(cache)}, cwd=ROOT,
+        env = {**agent_env(), **cache_env(cache)}
+        if payload.get("farm_url"):
+            env["FARM_URL"] = payload["farm_url"]
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         started = psutil.Process(proc.pid).create_time()
         try:
@@ -358,18 +388,19 @@ def plan(args: argparse.Namespace, workdir: Path) -> list[tuple[str, dict[str, A
     spec = job(args.model)
     base = {"spec": spec.to_json(), "device": args.device, "steady_calls": args.steady_calls}
     mega = workdir / "megacache.bin"
-    rows: list[tuple[str, dict[str, Any], bool]] = [
-        ("eager", {**base, "kind": "eager"}, False),
-        ("jit (cold cache, g++)", {**base, "kind": "jit", "megacache_out": str(mega)}, False),
-    ]
-    if "megacache" not in args.skip:
+    rows: list[tuple[str, dict[str, Any], bool]] = [("eager", {**base, "kind": "eager"}, False)]
+    if "jit" not in args.skip:
+        rows.append(
+            ("jit (cold cache, g++)", {**base, "kind": "jit", "megacache_out": str(mega)}, False)
+        )
+    if "megacache" not in args.skip and "jit" not in args.skip:
         rows.append(
             ("jit + megacache", {**base, "kind": "jit+megacache", "megacache": str(mega)}, False)
         )
     if args.farm_url:
         # Through a running farm (bench/gpu_farm.py built these models): the
         # whole fleet path, registry included.
-        if args.device == "cuda" and "jit-autotune" not in args.skip:
+        if args.device == "cuda" and not {"jit", "jit-autotune"} & set(args.skip):
             rows.append(
                 (
                     "jit max-autotune-no-cudagraphs",
@@ -381,6 +412,9 @@ def plan(args: argparse.Namespace, workdir: Path) -> list[tuple[str, dict[str, A
         for name in args.farm_models:
             # The farm's defaults: the node names no format, the resolver picks.
             rows.append((f"farm fleet path: {name}", {**fleet, "farm_model": name}, False))
+            if "prefetched" in args.node_cache:
+                rows.append((f"farm fleet path: {name}, prefetched node cache",
+                             {**fleet, "farm_model": name, "node_cache": "prefetched"}, False))
             for fmt in args.farm_formats or ():
                 rows.append(
                     (
@@ -421,6 +455,15 @@ def plan(args: argparse.Namespace, workdir: Path) -> list[tuple[str, dict[str, A
                         False,
                     )
                 )
+                if "prefetched" in args.node_cache:
+                    rows.append(
+                        (
+                            f"farm fleet path: {name}, training, prefetched node cache",
+                            {**train, "kind": "fleet", "farm_url": args.farm_url,
+                             "farm_model": name, "node_cache": "prefetched"},
+                            False,
+                        )
+                    )
             if args.agent:
                 # The same runs forked by the node agent (started in main).
                 warm = {**train, "agent_socket": str(workdir / "agent.sock")}
@@ -505,7 +548,8 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
         vals = [r[key] for r in results[label] if r.get(key) is not None and "error" not in r]
         return statistics.median(vals) if vals else None
 
-    jit = med("jit (cold cache, g++)", "to_first_result_s")
+    jit = med("jit (cold cache, g++)", "to_first_result_s") \
+        if "jit (cold cache, g++)" in results else None
     eager = med("eager", "to_first_result_s")
     head = (
         f"{'path to the first result (fresh process)':<40} {'first s':>8} {'min s':>7} "
@@ -579,7 +623,8 @@ def goals(
     fleet = [label for label in results if label.startswith("farm fleet path")]
     if not fleet or eager is None:
         return []
-    jit_steady = med("jit (cold cache, g++)", "steady_s")
+    jit_steady = med("jit (cold cache, g++)", "steady_s") \
+        if "jit (cold cache, g++)" in results else None
     eager_train = med("eager, training", "to_first_result_s") if "eager, training" in results \
         else None
     default_first_call = {
@@ -709,8 +754,16 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         nargs="*",
         default=[],
-        choices=("megacache", "jit-autotune"),
-        help="leave out these JIT rows",
+        choices=("jit", "megacache", "jit-autotune"),
+        help="leave out these JIT rows (jit: all of them; the x JIT column is then empty)",
+    )
+    ap.add_argument(
+        "--node-cache",
+        nargs="*",
+        default=["empty", "prefetched"],
+        choices=("empty", "prefetched"),
+        help="the node cache states of the fleet rows: empty (every row) and prefetched "
+        "(`farm prefetch` ran before the process started: also a row per fleet model)",
     )
     ap.add_argument(
         "--budget-s",

@@ -28,11 +28,17 @@ unlinked file is never trusted.
 Integrity: ``put_stream`` hashes what it writes. ``get`` re-hashes a blob the
 first time this process uses it (``verify=True``, the default) and trusts it
 for the rest of the process; a blob that fails is deleted and reported as
-absent. That catches truncated or bit-rotted files and leftovers of other
-tools. It does not defend against someone who can write to the cache directory
-while this process runs: such a user can already run code as the node's user.
-``verify=False`` checks only that the blob is non-empty and, when the caller
-passes ``size``, its size.
+absent. That catches truncated files and leftovers of other tools. After a
+hash the cache keeps a marker, ``ROOT/verified/<sha256>``, with the blob's
+device, inode, size and ctime: a later process whose blob still has all four
+takes the hash as done (``farm prefetch`` at provisioning hashes once, not
+every process start). Any write to the file, a ``chmod`` or a replacement
+changes its ctime, which no one but the kernel sets, so the next use hashes
+it again; bit rot, which changes nothing on the inode, is then caught only by
+a process that hashes (a new blob, or a deleted marker). It does not defend
+against someone who can write to the cache directory while this process runs:
+such a user can already run code as the node's user. ``verify=False`` checks
+only that the blob is non-empty and, when the caller passes ``size``, its size.
 
 Size: after each write the cache evicts least-recently-used blobs (by mtime,
 which ``get`` bumps, because ``atime`` is unreliable on ``relatime`` and
@@ -64,6 +70,30 @@ _TMP_SUFFIX = ".tmp"
 # A temp file this old whose digest lock is free belongs to a writer that died.
 STALE_TMP_S = 3600.0
 _HASH_CHUNK = 1 << 20
+
+
+# Files this process hashed, by (st_dev, st_ino, st_size, st_ctime_ns), and
+# their sha256: farm.node.verify.check_file then need not hash a blob the
+# cache checked a moment before (process-wide: every cache object shares it).
+_HASHED: dict[tuple[int, int, int, int], str] = {}
+_HASHED_LOCK = threading.Lock()
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns)
+
+
+def note_hashed(st: os.stat_result, digest: str) -> None:
+    """Record that the file with stat ``st`` hashes to ``digest``."""
+    with _HASHED_LOCK:
+        _HASHED[_stat_key(st)] = digest
+
+
+def known_digest(st: os.stat_result) -> str | None:
+    """The sha256 this process found for the file with stat ``st``, or None
+    (never hashed here, or changed since: its ctime differs)."""
+    with _HASHED_LOCK:
+        return _HASHED.get(_stat_key(st))
 
 
 class CacheError(Exception):
@@ -107,6 +137,7 @@ class ArtifactCache:
         self.verify = verify
         self._blobs = self.root / "blobs"
         self._locks = self.root / "locks"
+        self._markers = self.root / "verified"
         self._blobs.mkdir(parents=True, exist_ok=True)
         self._locks.mkdir(parents=True, exist_ok=True)
         # (digest, st_dev, st_ino, st_size) of blobs this process has hashed.
@@ -164,6 +195,37 @@ class ArtifactCache:
 
     # --- reads --------------------------------------------------------------
 
+    # --- verified markers (see the module docstring) ----------------------
+
+    def _marker_path(self, digest: str) -> Path:
+        return self._markers / digest
+
+    def _marked(self, digest: str, st: os.stat_result) -> bool:
+        try:
+            text = self._marker_path(digest).read_text()
+        except OSError:
+            return False
+        return text.strip() == " ".join(map(str, _stat_key(st)))
+
+    def _mark(self, digest: str, path: Path) -> None:
+        """Record (in this process and on disk) that ``path`` hashed to
+        ``digest``, as it is now. Best effort: without a marker the next
+        process hashes again."""
+        try:
+            st = path.stat()
+            note_hashed(st, digest)
+            self._markers.mkdir(exist_ok=True)
+            final = self._marker_path(digest)
+            tmp = final.with_name(f".{digest}.{secrets.token_hex(6)}{_TMP_SUFFIX}")
+            tmp.write_text(" ".join(map(str, _stat_key(st))))
+            os.replace(tmp, final)
+        except OSError as exc:
+            log.debug("cache: no verified marker for %s: %s", digest, exc)
+
+    def _unmark(self, digest: str) -> None:
+        with contextlib.suppress(OSError):
+            self._marker_path(digest).unlink()
+
     def _check(self, digest: str, path: Path, size: int | None) -> bool:
         """True if the blob at ``path`` is good; a bad one is deleted.
         Call with the digest's lock held (shared or exclusive)."""
@@ -178,22 +240,39 @@ class ArtifactCache:
         elif st.st_size == 0:
             bad = "empty file"
         elif self.verify and key not in self._verified:
-            actual = sha256_file(path)
-            if actual != digest:
-                bad = f"sha256 is {actual}"
+            if self._marked(digest, st):
+                note_hashed(st, digest)
+            else:
+                actual = sha256_file(path)
+                if actual != digest:
+                    bad = f"sha256 is {actual}"
+                else:
+                    self._mark(digest, path)
         if bad:
             log.warning("cache: dropping bad blob %s (%s)", digest, bad)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+            self._unmark(digest)
             return False
         with self._mutex:
             self._verified.add(key)
         return True
 
     def _touch(self, path: Path) -> None:
-        # The LRU clock (see the module docstring).
+        # The LRU clock (see the module docstring). It changes the ctime, so
+        # a blob this process has verified gets its marker renewed.
         with contextlib.suppress(OSError):
             os.utime(path)
+        if self.verify:
+            digest = path.name
+            try:
+                st = path.stat()
+            except OSError:
+                return
+            with self._mutex:
+                verified = (digest, st.st_dev, st.st_ino, st.st_size) in self._verified
+            if verified:
+                self._mark(digest, path)
 
     def get(self, digest: str, *, size: int | None = None) -> Path | None:
         """The blob's path if it is cached and good, else None.
@@ -297,6 +376,8 @@ class ArtifactCache:
         st = final.stat()
         with self._mutex:
             self._verified.add((digest, st.st_dev, st.st_ino, st.st_size))
+        if self.verify:
+            self._mark(digest, final)
 
     def _remove_temps(self, digest: str, *, max_age_s: float) -> None:
         now = time.time()
@@ -346,6 +427,7 @@ class ArtifactCache:
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     e.path.unlink()
+                self._unmark(e.digest)
                 # Unlinked while held: a process that opened the old lock file
                 # notices (inode check in _locked) and retries on a new one.
                 with contextlib.suppress(FileNotFoundError):

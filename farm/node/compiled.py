@@ -63,6 +63,9 @@ _WARM_MODULES = (
     "torch._inductor.codegen.memory_planning",
     "torch._inductor.hooks",
     "torch.utils.cpp_extension",
+    # Every module Inductor writes imports it (extern_kernels), and with it
+    # lowering and decompositions: 0.5 s of a CPU load, else run in bind().
+    "torch._inductor.select_algorithm",
 )
 
 
@@ -161,7 +164,21 @@ class CompiledHandle:
         except BaseException as exc:
             self._future.set_exception(exc)
 
+    def _start_warm_imports(self) -> None:
+        if self._import_thread is None:
+            # Beside the download and verification, which wait on the network
+            # and hashlib (both release the GIL).
+            self._import_thread = threading.Thread(target=self._warm, name="farm-warm-imports",
+                                                   daemon=True)
+            self._import_thread.start()
+
     def _prefetch(self) -> Prefetched:
+        if self._warm_wanted and self.grad_mode is GradMode.TRAINING and (
+                self._formats is None or set(self._formats) & _FORMATS_NEEDING_WARM_IMPORTS):
+            # A training artifact is an aot_compile one (AOTI packages are
+            # inference only): its imports can start before the farm answers,
+            # and they are the longest part of its load.
+            self._start_warm_imports()
         t0 = time.perf_counter()
         try:
             target = as_target(self._target_arg, self._device)
@@ -176,11 +193,7 @@ class CompiledHandle:
         t2 = time.perf_counter()
         fmt = resolved["artifact"].get("format")
         if self._warm_wanted and fmt in _FORMATS_NEEDING_WARM_IMPORTS:
-            # Beside the download and verification, which wait on the network
-            # and hashlib (both release the GIL).
-            self._import_thread = threading.Thread(target=self._warm, name="farm-warm-imports",
-                                                   daemon=True)
-            self._import_thread.start()
+            self._start_warm_imports()
         path, verified = self.client.fetch_verified(resolved)
         t3 = time.perf_counter()
         self.timings.update(target_s=t1 - t0, resolve_s=t2 - t1, fetch_verify_s=t3 - t2)
@@ -447,7 +460,10 @@ _default_lock = threading.Lock()
 
 
 def default_client() -> FarmClient:
-    """One client per process, configured from the environment."""
+    """One client per process, configured from the environment. (Its module
+    is imported with this one, on the caller's thread: imported by the
+    background thread instead, beside the model build, the first result came
+    0.04 s later on CPU; docs/fleet-path.md.)"""
     global _default_client
     with _default_lock:
         if _default_client is None:

@@ -1,16 +1,17 @@
 """One session with the farm's HTTP API: the base URL and token, TLS, plain
-http refused off this machine, GETs retried (tenacity) through connection
+http refused off this machine, GETs retried through connection
 errors and 502/503/504, and every error answer turned into a ``FarmError``
 subclass that says what happened (``farm.node.errors``)."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
-import tenacity
 
 from farm.node.arguments import is_loopback
 from farm.node.errors import (
@@ -72,12 +73,26 @@ class ApiSession:
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=t,
                                   follow_redirects=False, transport=transport, verify=verify)
         # For presigned URLs on another origin: never carries the farm token.
-        self._bare = httpx.Client(timeout=t, follow_redirects=False, transport=transport,
-                                  headers={"User-Agent": "torch-farm-client"}, verify=verify)
+        # Made on first use: each client loads the CA store (20 ms of a node's
+        # start), and a farm that serves its blobs itself never redirects.
+        self._bare_args: dict[str, Any] = dict(timeout=t, follow_redirects=False,
+                                               transport=transport, verify=verify,
+                                               headers={"User-Agent": "torch-farm-client"})
+        self._bare_client: httpx.Client | None = None
+        self._bare_lock = threading.Lock()
+
+    @property
+    def _bare(self) -> httpx.Client:
+        with self._bare_lock:
+            if self._bare_client is None:
+                self._bare_client = httpx.Client(**self._bare_args)
+            return self._bare_client
 
     def close(self) -> None:
         self._http.close()
-        self._bare.close()
+        with self._bare_lock:
+            if self._bare_client is not None:
+                self._bare_client.close()
 
     def __enter__(self) -> Self:
         return self
@@ -90,24 +105,25 @@ class ApiSession:
 
     def _request(self, method: str, path: str, **kw: Any) -> Any:
         """JSON of a successful answer; a ``FarmError`` subclass otherwise.
-        GETs are retried (tenacity) on connection errors and 502/503/504,
-        honouring a Retry-After of up to 5 s; other methods are sent once."""
+        GETs are retried on connection errors and 502/503/504, honouring a
+        Retry-After of up to 5 s; other methods are sent once. (A loop of its
+        own, not tenacity: importing that took 0.1 s of every node's start.)"""
         attempts = 1 + (self.retries if method == "GET" else 0)
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(attempts),
-            wait=_backoff,
-            retry=(tenacity.retry_if_exception_type(httpx.TransportError)
-                   | tenacity.retry_if_result(lambda r: r.status_code in _RETRY_STATUSES)),
-            # Out of attempts: the last answer (a 503 is reported as such below)
-            # or the last connection error, not tenacity's RetryError.
-            retry_error_callback=lambda state: state.outcome.result(),  # type: ignore[union-attr]
-        )
-        try:
-            r = retrying(self._http.request, method, path, **kw)
-        except httpx.TransportError as exc:
-            raise FarmUnavailable(
-                f"cannot reach the farm at {self.url}: {exc or type(exc).__name__}"
-            ) from None
+        for attempt in range(1, attempts + 1):
+            try:
+                r = self._http.request(method, path, **kw)
+            except httpx.TransportError as exc:
+                if attempt < attempts:
+                    time.sleep(_backoff(attempt, None))
+                    continue
+                raise FarmUnavailable(
+                    f"cannot reach the farm at {self.url}: {exc or type(exc).__name__}"
+                ) from None
+            if r.status_code in _RETRY_STATUSES and attempt < attempts:
+                time.sleep(_backoff(attempt, r))
+                continue
+            # Out of attempts: the last answer (a 503 is reported as such below).
+            break
         self._raise_for(r, f"{method} {path}")
         if r.status_code == 204 or not r.content:
             return None
@@ -145,10 +161,10 @@ def _retry_after(r: httpx.Response, default: float) -> float:
         return default
 
 
-def _backoff(state: tenacity.RetryCallState) -> float:
-    """0.2 s, 0.4 s, ...; or the server's Retry-After (at most 5 s) on a 503."""
-    default = 0.2 * 2 ** (state.attempt_number - 1)
-    outcome = state.outcome
-    if outcome is not None and not outcome.failed:
-        return _retry_after(outcome.result(), default)
+def _backoff(attempt: int, answer: httpx.Response | None) -> float:
+    """0.2 s, 0.4 s, ... after attempt ``attempt`` (from 1); or the server's
+    Retry-After (at most 5 s) on a 503."""
+    default = 0.2 * 2 ** (attempt - 1)
+    if answer is not None:
+        return _retry_after(answer, default)
     return default

@@ -1,4 +1,4 @@
-"""The fleet client's retries (tenacity): GETs again on connection errors and
+"""The fleet client's retries: GETs again on connection errors and
 502/503/504 with back-off and Retry-After; other methods exactly once."""
 
 from __future__ import annotations

@@ -32,3 +32,36 @@ def test_compiled_is_callable_as_the_readme_calls_it(before: str, tmp_path: Path
     source, _, reason = r.stdout.strip().partition(" | ")
     # Nothing answers: JIT, with the reason, and no crash.
     assert source == "jit" and "cannot reach the farm" in reason, r.stdout
+
+
+def test_the_node_client_imports_no_retry_library() -> None:
+    """tenacity's import was 0.1 s of every node's start; the client retries
+    with a loop of its own (tests/unit/test_client_retries.py)."""
+    code = "import sys, farm.node.compiled\nprint('tenacity' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["False"], r.stdout
+
+
+@pytest.mark.parametrize("grad_mode", ["training", "inference"])
+def test_a_training_handle_starts_its_imports_before_the_farm_answers(
+    grad_mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training artifact is always an aot_compile one, so the imports its
+    load needs start at once; an inference one waits for the answer's format
+    (an AOTI package needs none of them)."""
+    from farm.node.client import FarmClient
+    from farm.node.compiled import prefetch_compiled
+    from farm.node.errors import FarmUnavailable
+
+    monkeypatch.setenv("CLIENT_CACHE_DIR", str(tmp_path / "c"))
+    client = FarmClient(_dead_url(), retries=0)
+    handle = prefetch_compiled(model="m", ref="1", example_inputs=["float32[1,2]"],
+                               grad_mode=grad_mode, device="cpu", client=client)
+    with pytest.raises(FarmUnavailable):
+        handle.result(timeout=120)
+    started = handle._import_thread is not None
+    if started:
+        assert handle._import_thread is not None
+        handle._import_thread.join(timeout=300)
+    assert started == (grad_mode == "training")
