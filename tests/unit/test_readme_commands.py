@@ -62,7 +62,8 @@ def test_every_setting_is_documented_in_configuration_md() -> None:
 
 def test_the_readme_is_a_guide_not_a_notebook() -> None:
     text = readme.README.read_text()
-    assert len(text.splitlines()) <= 350
+    # A guide one reads through: what is longer goes to docs/.
+    assert len(text.splitlines()) <= 400
     assert not re.search(r"\bissue \d+|#\d{2,}\b", text), "issue numbers belong in the tracker"
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "dated notes belong in docs/"
     assert "../" not in text, "paths outside the repository"
