@@ -59,37 +59,15 @@ exec > >(tee "$OUT/gpu_users.log") 2>&1
 t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 
-# 1. The sandbox's tools, carried.
-DEB=/tmp/debroot
-rm -rf "$DEB" && mkdir -p "$DEB"
-for f in .deb/*.deb; do [ -f "$f" ] && dpkg-deb -x "$f" "$DEB"; done
-export PATH=$DEB/usr/bin:$PATH
-export LD_LIBRARY_PATH=$DEB/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-stamp "bwrap: $(command -v bwrap) $(bwrap --version 2>&1)"
-stamp "cgroup fs: $(stat -fc %T /sys/fs/cgroup 2>/dev/null); controllers: $(cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null)"
-if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.gpu_users-installed ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  # transformers only where the image lacks it.
-  if ! python3 -c "import transformers" 2>/dev/null && ls .whl-hf/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl-hf/*.whl || exit 1
-  fi
-  touch /tmp/site/.gpu_users-installed
-fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-# A cgroup v2 subtree for the builds (memory.max / pids.max per build) where
-# this host lets root make one; each build's log says which limit applied.
-CG=/sys/fs/cgroup/farm-builds
-if [ -z "${FARM_BUILD_CGROUP:-}" ] && [ -w /sys/fs/cgroup/cgroup.subtree_control ]; then
-  mkdir -p "$CG" 2>/dev/null
-  echo "+memory +pids" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
-  echo "+memory +pids" >"$CG/cgroup.subtree_control" 2>/dev/null
-  if grep -q memory "$CG/cgroup.subtree_control" 2>/dev/null; then
-    export FARM_BUILD_CGROUP=$CG
-  fi
-fi
-stamp "FARM_BUILD_CGROUP=${FARM_BUILD_CGROUP:-none} ($(cat "$CG/cgroup.subtree_control" 2>/dev/null))"
+# 1. The sandbox's tools and the farm's dependencies, carried; transformers
+# only where the image lacks it.
+. scripts/gpu_carried.sh
+use_carried_debs
+hf=.whl-hf
+python3 -c "import transformers" 2>/dev/null && hf=
+install_carried_wheels .whl $hf || exit 1
+delegate_build_cgroup
+[ -z "${FARM_BUILD_CGROUP:-}" ] && [ -n "$BUILD_CGROUP" ] && export FARM_BUILD_CGROUP=$BUILD_CGROUP
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton, platform; print('torch', torch.__version__, 'triton', triton.__version__, 'python', platform.python_version())"
 farm() { python3 -m farm.app.cli "$@"; }

@@ -10,7 +10,7 @@ PKGS="celery kombu billiard vine amqp click-didyoumean click-plugins click-repl 
 sqlalchemy greenlet alembic mako fastapi starlette pydantic pydantic-core pydantic-settings
 annotated-types typing-inspection python-dotenv uvicorn boto3 botocore s3transfer jmespath
 cryptography cffi pycparser opentelemetry-api prompt-toolkit wcwidth tzlocal tenacity cachetools
-pyseccomp"
+pyseccomp pytest pluggy iniconfig pytest-timeout psutil pygments packaging"
 # `gpu_wheels.sh hf`: transformers and what it imports, into .whl-hf/ (the
 # users'-model check builds a LlamaForCausalLM; carried only where needed).
 if [ "${1:-}" = hf ]; then
