@@ -416,15 +416,24 @@ class FarmClient(FarmTrust):
 
     def load(self, resolved: Mapping[str, Any], *, module: Any = None,
              external_data: Mapping[str, Any] | None = None,
-             mesh: Any = None) -> Callable[..., Any]:
+             mesh: Any = None, class_of: Any = None) -> Callable[..., Any]:
         """Fetch and verify (see ``fetch_verified``), then load the artifact.
         ``external_data``: this node's objects for a function artifact that
         captures them, by the names its job declared. ``mesh``: this rank's
-        DeviceMesh, for a tensor-parallel artifact (options.parallel)."""
+        DeviceMesh, for a tensor-parallel artifact (options.parallel).
+        ``class_of``: the object the artifact must have been built from; its
+        class is checked against the signed statement's ``model_class``
+        (ValueError when it differs), before anything is unpickled."""
+        from farm.node.compiled import class_mismatch
         from farm.node.loader import load_artifact
 
         artifact = resolved.get("artifact", resolved)
         path, verified = self.fetch_verified(resolved)
+        if class_of is not None:
+            why = class_mismatch(dict(artifact), class_of,
+                                 signed=verified.build if verified is not None else None)
+            if why is not None:
+                raise ValueError(why)
         fn = load_artifact(path, artifact["format"], module=module, attestation=verified,
                            trust_unverified=verified is None,
                            disable_guard_check=bool(

@@ -56,17 +56,13 @@ def compiled_ddp_module(client: Any, resolved: Mapping[str, Any], model: nn.Modu
     ``torch.distributed.init_process_group``."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from farm.node.compiled import class_mismatch
-
     artifact = resolved.get("artifact", resolved)
     if (artifact.get("meta") or {}).get("grad_mode") != "training":
         raise ValueError(f"artifact {str(artifact.get('digest', ''))[:12]} was compiled for "
                          "inference: it has no backward to train under DDP (resolve with "
                          "GradMode.TRAINING)")
-    why = class_mismatch(dict(artifact), model)
-    if why is not None:
-        raise ValueError(why)
-    fn = client.load(resolved, module=model)
+    # The class check reads the signed statement (client.load), not the row.
+    fn = client.load(resolved, module=model, class_of=model)
     return DistributedDataParallel(CompiledForward(model, fn), **ddp_kwargs)
 
 
@@ -128,16 +124,12 @@ def compiled_train_step(client: Any, resolved: Mapping[str, Any], model: nn.Modu
     answer) for ``model`` (this node's module, with its weights), and return
     the step. ``loss`` defaults to the job's loss function, ``optimizer`` to
     the job's optimizer over ``model``'s parameters."""
-    from farm.node.compiled import class_mismatch
-
     artifact = resolved.get("artifact", resolved)
     train = train_spec_of(artifact)
     program = loss_step(model, train, loss)
-    why = class_mismatch(dict(artifact), program)
-    if why is not None:
-        # Another model's program would train this one's parameters wrongly.
-        raise ValueError(why)
-    fn = client.load(resolved, module=program)
+    # Another model's program would train this one's parameters wrongly: the
+    # signed statement's class must be this program's (client.load checks).
+    fn = client.load(resolved, module=program, class_of=program)
     return make_train_step(program, fn, train, optimizer=optimizer, ddp=ddp,
                            ddp_kwargs=ddp_kwargs, source="farm")
 

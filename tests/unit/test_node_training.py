@@ -30,7 +30,15 @@ class LocalClient:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def load(self, resolved: Any, *, module: Any) -> Any:
+    def load(self, resolved: Any, *, module: Any, class_of: Any = None) -> Any:
+        # As FarmClient.load: the class against the signed statement's (here
+        # the record's own field stands for it), before anything is loaded.
+        from farm.node.compiled import class_mismatch
+
+        art = resolved["artifact"]
+        why = class_mismatch(art, class_of, signed={"model_class": art["meta"]["model_class"]})
+        if class_of is not None and why is not None:
+            raise ValueError(why)
         return load_artifact(self.path, "aot_compile", module=module, trust_unverified=True)
 
 
