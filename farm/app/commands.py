@@ -99,11 +99,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
         plan = plan_source(args.entrypoint, source=getattr(args, "source", None))
     except CodePackError as exc:
         raise UsageError(str(exc)) from None
-    from farm.app.entrypoint_check import missing_factory
-
-    # A typo'd factory is told here, in a second, before anything is uploaded.
-    if (why := missing_factory(plan.source, plan.entrypoint, args.entrypoint)) is not None:
-        raise UsageError(why)
     try:
         # --loss makes it a training step: the factory's module with its loss
         # (and backward) compiled, trained with --optimizer on the node.
@@ -159,6 +154,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
         top = plan.entrypoint.partition(":")[0].split(".")[0]
         if any(top in top_levels_of(w) for w in wheels):
             source = None
+    from farm.app.entrypoint_check import missing_factory
+
+    # A typo'd factory is told here, in a second, before anything is uploaded
+    # (in the code that ships: not a same-named tree when a wheel is the code).
+    if (why := missing_factory(source, plan.entrypoint, args.entrypoint)) is not None:
+        raise UsageError(why)
     extra: dict[str, Any] = {}
     if wheels:
         extra["wheels"] = wheels

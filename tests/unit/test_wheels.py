@@ -242,6 +242,8 @@ def test_submit_ships_the_wheel_not_a_same_named_tree_beside_it(
     # A checkout of the wheel's own project in the current directory: the wheel
     # is what was asked for, so the tree does not go too.
     (tmp_path / "mynets").mkdir()
+    # (The tree has no factory: submit's typo check must look at the wheel's
+    # code, not at it. The second submit ships the tree, which then needs one.)
     (tmp_path / "mynets" / "__init__.py").write_text("")
     w = fake_wheel(tmp_path, "mynets-1.0-py3-none-any.whl", ["mynets/__init__.py"])
     req = tmp_path / "req.txt"
@@ -251,6 +253,7 @@ def test_submit_ships_the_wheel_not_a_same_named_tree_beside_it(
     assert spec.model.entrypoint == "mynets:make"  # type: ignore[attr-defined]
     assert kw == {"source": False, "wheels": [str(w)], "requirements": str(req)}
     # Another module's wheel (a dependency): the model's own tree still goes.
+    (tmp_path / "mynets" / "__init__.py").write_text("def make():\n    pass\n")
     dep = fake_wheel(tmp_path, "helperlib-2.0-py3-none-any.whl", ["helperlib.py"])
     assert cli_submit("mynets:make", "--wheel", str(dep)) == 0
     assert recorded.calls[-1][1] == {"source": tmp_path / "mynets", "wheels": [str(dep)]}
