@@ -225,7 +225,7 @@ TRAIN = """
     from tests.models.training import make
 
     class LocalClient:  # FarmClient.load's shape, for the bytes the test built
-        def load(self, resolved, *, module):
+        def load(self, resolved, *, module, class_of=None):
             return load_artifact(sys.argv[1], "aot_compile", module=module,
                                  trust_unverified=True)
 
