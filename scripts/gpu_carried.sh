@@ -8,8 +8,13 @@
 # neither; farm.build.syscall_filter finds the library there).
 use_carried_debs() {
   local root=/tmp/debroot f
-  rm -rf "$root" && mkdir -p "$root"
-  for f in .deb/*.deb; do [ -f "$f" ] && dpkg-deb -x "$f" "$root"; done
+  # Once per machine: a second script of the same run (gpu_check.sh starts
+  # gpu_users.sh beside its own farm) must not pull bwrap from under it.
+  if [ ! -f "$root/.farm-carried" ]; then
+    rm -rf "$root" && mkdir -p "$root"
+    for f in .deb/*.deb; do [ -f "$f" ] && dpkg-deb -x "$f" "$root"; done
+    touch "$root/.farm-carried"
+  fi
   export PATH=$root/usr/bin:$PATH
   export LD_LIBRARY_PATH=$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   stamp "uid $(id -u); bwrap: $(command -v bwrap) $(bwrap --version 2>&1); kernel $(uname -r)"

@@ -9,10 +9,11 @@
 #   2. an embedded farm with one CUDA compile worker, FARM_SANDBOX=on (a
 #      worker that cannot isolate refuses to start), planted secrets in its
 #      environment;
-#   3. a user's own two-layer MLP and a transformers LlamaForCausalLM (bf16,
-#      keyword inputs) from a directory on no farm path, submitted as a user
-#      would (`farm submit ./mymodel.py:make --input ... --wait`), each fetched
-#      and loaded by a fresh process with `compiled()` and compared with eager;
+#   3. a user's own two-layer MLP, a transformers LlamaForCausalLM (bf16,
+#      keyword inputs) and a training step of the MLP (loss and AdamW) from a
+#      directory on no farm path, submitted as a user would (`farm submit
+#      ./mymodel.py:make --input ... --wait`), each fetched and loaded by a
+#      fresh process (`compiled()`, `compiled_train_step`) and compared with eager;
 #   4. hostile models (environment and secrets, writes outside the build,
 #      ports, a fork bomb, a memory hog, a tmpfs burst) on the CUDA worker:
 #      each must fail its own build, the planted secret must not appear in
@@ -224,6 +225,13 @@ MLP=$!
     --input 'input_ids=int64[1,16]' --input 'attention_mask=int64[1,16]{0..1}' \
     --wait --timeout 900; echo "rc=$? after $((SECONDS - s0)) s" ) >"$OUT/gpu_users-llama.txt" 2>&1 &
 LLAMA=$!
+# And a training step of the same MLP (its loss and optimizer compiled with
+# its backward), beside them.
+( s0=$SECONDS; farm submit ./mymodel.py:make --name mymlp-train --version 1 \
+    --input 'float32[4,12]' --input 'float32[4,4]' --loss torch.nn.functional:mse_loss \
+    --optimizer AdamW --wait --timeout 600; echo "rc=$? after $((SECONDS - s0)) s" ) \
+    >"$OUT/gpu_users-train.txt" 2>&1 &
+TRAIN=$!
 wait $MLP; stamp "mlp: $(tail -n 1 "$OUT/gpu_users-mlp.txt")"
 grep -E "error|failed|compiling|verifying" "$OUT/gpu_users-mlp.txt" | head -8
 python3 - <<'PY'
@@ -272,12 +280,58 @@ print(f"node llama: {fast!r} max_abs_err={err:.2e} (bf16) first result "
       f"{time.perf_counter() - t:.2f} s")
 PY
 stamp "node llama rc=$?"
+wait $TRAIN; stamp "train: $(tail -n 1 "$OUT/gpu_users-train.txt")"
+grep -E "error|failed|compiling|verifying" "$OUT/gpu_users-train.txt" | head -8
+python3 - <<'PY'
+import copy
+import time
+
+import torch
+
+t = time.perf_counter()
+from farm.core.specs import GradMode  # noqa: E402
+from farm.core.target import detect_local_target  # noqa: E402
+from farm.node.client import FarmClient  # noqa: E402
+from farm.node.training import compiled_train_step, eager_train_step, train_spec_of  # noqa: E402
+
+import mymodel  # noqa: E402
+
+model = mymodel.make().cuda()
+reference = copy.deepcopy(model)
+client = FarmClient()
+resolved = client.resolve("mymlp-train", "1", ["float32[4,12]", "float32[4,4]"],
+                          GradMode.TRAINING, detect_local_target("cuda"))
+step = compiled_train_step(client, resolved, model)
+eager = eager_train_step(reference, train_spec_of(resolved["artifact"]))
+errs = []
+for k in range(3):
+    g = torch.Generator(device="cuda").manual_seed(100 + k)
+    x = torch.randn(4, 12, device="cuda", generator=g)
+    y = torch.randn(4, 4, device="cuda", generator=g)
+    loss, loss_ref = step(x, y), eager(x, y)
+    if k == 0:
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t
+    errs.append(abs(float(loss) - float(loss_ref)))
+params = max(float((a - b).abs().max()) for a, b in zip(model.parameters(),
+                                                       reference.parameters()))
+print(f"node train: source={step.source} loss errors vs eager {[f'{e:.1e}' for e in errs]} "
+      f"max param err after 3 steps {params:.2e} first step {first:.2f} s")
+PY
+stamp "node train rc=$?"
 
 # 4. Hostile models on the CUDA worker, one after another (one compile worker).
 TABLE=$OUT/gpu_users-hostile.txt
 echo "| hostile model | farm submit | what the job reported (first 300 chars) |" >"$TABLE"
 echo "|---|---|---|" >>"$TABLE"
+# Within the budget gpu_check.sh gives (GPU_USERS_BUDGET_S): a model that
+# would not fit is listed as not run.
+USERS_END=$(( ${GPU_USERS_BUDGET_S:-100000} ))
 for h in env write fork hog tmpfs; do
+  if [ $((USERS_END - SECONDS)) -lt 90 ]; then
+    echo "| $h | not run: the check's budget ran out | |" >>"$TABLE"
+    continue
+  fi
   s0=$SECONDS
   farm submit "./hostile_$h.py:make" --name "hostile-$h" --version 1 --input 'float32[4,12]' \
     --wait --timeout 300 >"$OUT/gpu_users-hostile-$h.out" 2>&1

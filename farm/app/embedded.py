@@ -256,13 +256,40 @@ def run_embedded(host: str = "127.0.0.1", port: int = 8000) -> None:
     # workers below are stopped with the API rather than left running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    isolation = decide_isolation(env)
     with worker_processes(env, devices=devices, log_dir=s.farm_home / "logs"):
         print(f"torch-farm (embedded) starting on {url}  home={s.farm_home}  root key "
-              f"{_root_keyid(s)[:16]}; waiting for its compile worker before taking jobs",
-              flush=True)
+              f"{_root_keyid(s)[:16]}; {isolation}; waiting for its compile worker before "
+              "taking jobs", flush=True)
         threading.Thread(target=announce_when_ready, args=(url, s), name="farm-ready",
                          daemon=True).start()
         uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+
+
+def decide_isolation(env: dict[str, str]) -> str:
+    """Whether this farm's builds run isolated, decided once before its
+    workers start, as the phrase its first line says. ``auto`` on a machine
+    that cannot isolate (the GPU image ships no bubblewrap) becomes ``off``
+    for the workers: the user reads it here, once, instead of in a warning
+    buried in every build's log. ``on`` that cannot isolate refuses to start,
+    as a production worker does."""
+    from farm.build.sandbox import SandboxUnavailable, isolation_unavailable, sandbox_mode
+
+    try:
+        mode = sandbox_mode(env.get("FARM_SANDBOX"))
+    except SandboxUnavailable as exc:
+        raise SystemExit(f"farm: error: {exc}") from None
+    if mode == "off":
+        return "builds run model code UNISOLATED (FARM_SANDBOX=off: for development only)"
+    why = isolation_unavailable()
+    if why is None:
+        return "builds isolated (bubblewrap sandbox)"
+    if mode == "on":
+        raise SystemExit(f"farm: error: FARM_SANDBOX=on and this machine cannot isolate "
+                         f"model code: {why}")
+    env["FARM_SANDBOX"] = "off"
+    return (f"builds run model code UNISOLATED: {why} (FARM_SANDBOX=on refuses to start "
+            "instead)")
 
 
 def _root_keyid(s: Settings) -> str:

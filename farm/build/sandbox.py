@@ -498,17 +498,25 @@ def build_isolation(*, readonly: Sequence[str | Path] = (), writable: Sequence[s
 
         uid = int(getattr(get_settings(), "farm_sandbox_uid", DEFAULT_SANDBOX_UID))
     if mode == "off":
-        log.warning("FARM_SANDBOX=off: the %s runs model code unisolated, where it can read "
-                    "this worker's credentials; for development only", what)
+        _warn_once("FARM_SANDBOX=off: builds run model code unisolated, where it can read "
+                   "this worker's credentials; for development only")
         return None
     why = isolation_unavailable(uid)
     if why is not None:
         if mode == "on":
             raise SandboxUnavailable(why)
-        log.warning("FARM_SANDBOX=auto: the %s runs model code unisolated: %s", what, why)
+        _warn_once(f"FARM_SANDBOX=auto: builds run model code unisolated: {why}")
         return None
     return Isolation(readonly=tuple(str(p) for p in readonly),
                      writable=tuple(str(p) for p in writable), uid=uid)
+
+
+@functools.lru_cache(maxsize=8)
+def _warn_once(message: str) -> None:
+    # Once per worker process: the same warning in every build's log buried
+    # the one line that matters (the worker's start and the farm's first line
+    # say it too).
+    log.warning(message)
 
 
 def check_worker_can_isolate(mode: str | None = None) -> None:

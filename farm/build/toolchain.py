@@ -50,6 +50,9 @@ from farm.core.cpu_isa import cache_file, read_json_object, write_cache_file
 log = logging.getLogger(__name__)
 
 CHECK_CACHE_ENV = "FARM_AOTI_CHECK_CACHE"
+# The machine's own CXX (empty: none), kept by the first use_compiler for
+# candidates() in this process and in every child that inherits the chosen one.
+CXX_BEFORE_CHOICE_ENV = "TORCH_FARM_CXX_BEFORE_CHOICE"
 _CACHE_VERSION = 2  # v1 held one word per key (farm.build.aoti_check before the choice)
 _MAX_ENTRIES = 16
 _GXX_N_RE = re.compile(r"^g\+\+-([0-9]+(?:\.[0-9]+)*)$")
@@ -138,7 +141,11 @@ def candidates(env: Mapping[str, str] | None = None) -> list[str]:
         seen.add(real)
         out.append(found)
 
-    cxx = env.get("CXX", "").strip()
+    # The CXX the machine gave, not the one use_compiler set: otherwise the
+    # worker's pool children (which inherit the chosen CXX) asked for another
+    # candidate list, missed the machine's cached answer and probed every
+    # compiler again, ~95 s before the first build on a GPU host compiled.
+    cxx = env.get(CXX_BEFORE_CHOICE_ENV, env.get("CXX", "")).strip()
     if cxx:
         # CXX may carry flags ("g++ -m64"); Inductor takes it as one program name.
         add(shutil.which(cxx, path=path), cxx)
@@ -195,6 +202,7 @@ def use_compiler(cxx: str) -> None:
     ``cpp.cxx`` when its config is already imported."""
     global _current
     _current = cxx
+    os.environ.setdefault(CXX_BEFORE_CHOICE_ENV, os.environ.get("CXX", ""))
     os.environ["CXX"] = cxx
     config = sys.modules.get("torch._inductor.config")
     if config is not None:

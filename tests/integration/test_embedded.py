@@ -63,6 +63,11 @@ def test_embedded_farm_builds_serves_and_stops_its_workers(tmp_path: Path) -> No
                 pass
             time.sleep(0.5)
         assert target == str(detect_local_target("cpu")), log.read_text()[-3000:]
+        # Its first line says whether model code is isolated (this machine has
+        # bubblewrap: scripts/bootstrap.sh installs it).
+        first = log.read_text().splitlines()[0]
+        assert first.startswith("torch-farm (embedded) starting on "), first
+        assert "builds isolated (bubblewrap sandbox)" in first, first
         workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
                    if "worker" in " ".join(c.cmdline())]
         assert len(workers) >= 2

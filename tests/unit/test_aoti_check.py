@@ -32,6 +32,8 @@ def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # after use_compiler set it.
     monkeypatch.setenv("CXX", "")
     monkeypatch.delenv("CXX")
+    monkeypatch.setenv(toolchain.CXX_BEFORE_CHOICE_ENV, "")
+    monkeypatch.delenv(toolchain.CXX_BEFORE_CHOICE_ENV)
     monkeypatch.setenv("FARM_AOTI_CHECK_CACHE", str(tmp_path / "aoti-check.json"))
     monkeypatch.setattr(toolchain, "_current", None)
     return d
@@ -226,3 +228,26 @@ def test_a_build_child_adopts_the_workers_compiler_and_never_probes(
     monkeypatch.setattr(toolchain, "_current", None)
     compile_mod._use_chosen_compiler("cpu")
     assert probes.calls == [("cpu", "g++")]
+
+
+def test_the_chosen_compiler_does_not_change_the_question(
+    bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker chooses at start and sets CXX to its choice; its pool
+    # children inherit that CXX and ask again before every build. They must
+    # get the cached answer, not probe every compiler anew (seen on a GPU
+    # host: ~95 s before the first build compiled).
+    other = tmp_path / "opt"
+    other.mkdir()
+    wrapper = fake_compiler(other, "wrapper-g++")
+    monkeypatch.setenv("CXX", wrapper)
+    gxx = fake_compiler(bin_dir, "g++")
+    probes = Probes({"wrapper-g++": [Probe("links no shared libstdc++.so.6")],
+                     "g++": [Probe("ok"), Probe("ok")]})
+    assert toolchain.compiler_for("cuda", probe=probes).cxx == gxx
+    assert os.environ["CXX"] == gxx
+    # A child process inherits the environment as it is now.
+    child_env = dict(os.environ)
+    assert toolchain.candidates(child_env) == [wrapper, gxx]
+    assert toolchain.compiler_for("cuda", probe=probes).cxx == gxx
+    assert probes.calls == [("cuda", "wrapper-g++"), ("cuda", "g++")]
