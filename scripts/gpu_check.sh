@@ -18,7 +18,7 @@
 #   5. one results file, $OUT/gpu_check-results.md: the builds, the users'
 #      round trips, the hostile table and the cold-start table.
 #
-#   scripts/gpu_check.sh             all of it in one run (about 19 minutes)
+#   scripts/gpu_check.sh             all of it in one run (about 18 minutes)
 #   scripts/gpu_check.sh start       `all` detached (its own session), then return
 #   scripts/gpu_check.sh wait [S]    wait up to S s (570) for it; copy its results to $OUT
 #   scripts/gpu_check.sh build       1 and the builds, and leave the farm running
@@ -70,7 +70,7 @@ OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check-$PHASE.log") 2>&1
 # One phase's budget; `all` gets both.
-BUDGET=${GPU_CHECK_BUDGET_S:-$([ "$PHASE" = all ] && echo 1130 || echo 570)}
+BUDGET=${GPU_CHECK_BUDGET_S:-$([ "$PHASE" = all ] && echo 1080 || echo 570)}
 EXTRAS_S=0   # build_cost's share, with GPU_CHECK_EXTRAS=1
 [ "$PHASE" = all ] && [ "${GPU_CHECK_EXTRAS:-0}" = 1 ] && EXTRAS_S=${GPU_CHECK_EXTRAS_S:-330}
 COLDSTART_MIN_S=${COLDSTART_MIN_S:-$([ "$PHASE" = build ] && echo 0 || echo 240)}   # 3 rounds, ~70 s each
