@@ -134,20 +134,39 @@ def make() -> torch.nn.Module:
                       max_position_embeddings=256, use_cache=False)
     return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
 PY
-# Hostile models: each reports what it reached in its error (SNOOP ...).
-cat >"$U/hostile_env.py" <<'PY'
-import glob, json, socket
+# Hostile models, each aimed at the CUDA compile worker: under the trace (a
+# CPU step on a farm of several hosts) each builds a plain MLP, so the job
+# reaches the compile worker; there (its children carry their own Inductor
+# cache, TORCHINDUCTOR_CACHE_DIR) it attacks and reports what it reached in
+# its error (SNOOP ...). A job that succeeds never attacked: the table says so.
+HOSTILE_HEAD='import glob, json, os, socket, time
+import torch
 from torch import nn
 
 
+def plain() -> nn.Module:
+    return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 4))
+
+
+def on_compile_worker() -> bool:
+    return "TORCHINDUCTOR_CACHE_DIR" in os.environ
+
+
+def where() -> str:
+    return f"cuda={torch.cuda.is_available()} pid={os.getpid()} uid={os.getuid()}"
+'
+{ echo "$HOSTILE_HEAD"; cat <<'PY'
 def make() -> nn.Module:
-    got = {}
+    if not on_compile_worker():
+        return plain()
+    got = {"where": where()}
     for p in glob.glob("/proc/*/environ"):
         try:
             got[p] = open(p, "rb").read().decode("utf-8", "replace")[:2000]
         except OSError as exc:
             got[p] = f"refused: {exc.strerror}"
-    for f in ("/tmp/farm-users/secrets/aws", "/tmp/farm-users/farm.db", "/root/.bash_history"):
+    for f in ("/tmp/farm-users/secrets/aws", "/tmp/farm-users/farm.db", "/root/.bash_history",
+              "/tmp/farm-users/builder-key.pem"):
         try:
             got[f] = open(f, "rb").read(200).decode("utf-8", "replace")
         except OSError as exc:
@@ -160,13 +179,12 @@ def make() -> nn.Module:
             got[f"port {port}"] = f"refused: {exc.strerror or exc}"
     raise RuntimeError("SNOOP " + json.dumps(got))
 PY
-cat >"$U/hostile_write.py" <<'PY'
-import json, os
-from torch import nn
-
-
+} >"$U/hostile_env.py"
+{ echo "$HOSTILE_HEAD"; cat <<'PY'
 def make() -> nn.Module:
-    got = {}
+    if not on_compile_worker():
+        return plain()
+    got = {"where": where()}
     for f in ("/tmp/farm-users/PWNED", "/tmp/PWNED-host", os.path.expanduser("~/PWNED"),
               "/usr/PWNED", "/work/PWNED"):
         try:
@@ -177,12 +195,11 @@ def make() -> nn.Module:
             got[f] = f"refused: {exc.strerror}"
     raise RuntimeError("SNOOP " + json.dumps(got))
 PY
-cat >"$U/hostile_fork.py" <<'PY'
-import os, time
-from torch import nn
-
-
+} >"$U/hostile_write.py"
+{ echo "$HOSTILE_HEAD"; cat <<'PY'
 def make() -> nn.Module:
+    if not on_compile_worker():
+        return plain()
     n = 0
     try:
         for _ in range(20000):
@@ -191,30 +208,36 @@ def make() -> nn.Module:
                 os._exit(0)
             n += 1
     except OSError as exc:
-        raise RuntimeError(f"SNOOP fork bomb stopped after {n} processes: {exc}")
-    raise RuntimeError(f"SNOOP fork bomb NOT stopped: {n} processes")
+        raise RuntimeError(f"SNOOP {where()} fork bomb stopped after {n} processes: {exc}")
+    raise RuntimeError(f"SNOOP {where()} fork bomb NOT stopped: {n} processes")
 PY
-cat >"$U/hostile_hog.py" <<'PY'
-from torch import nn
-
-
+} >"$U/hostile_fork.py"
+# The memory models grow by 256 MiB a step, about 1 GB/s: the limit (kernel or
+# watchdog) must see them, and a machine whose RAM grows on demand can follow.
+{ echo "$HOSTILE_HEAD"; cat <<'PY'
 def make() -> nn.Module:
+    if not on_compile_worker():
+        return plain()
     chunks = []
     while True:  # touch every page: the limit must see it
-        chunks.append(bytearray(b"x" * (1 << 30)))
+        chunks.append(bytearray(1 << 28))
+        chunks[-1][::4096] = b"x" * len(chunks[-1][::4096])
+        time.sleep(0.2)
 PY
-cat >"$U/hostile_tmpfs.py" <<'PY'
-from torch import nn
-
-
+} >"$U/hostile_hog.py"
+{ echo "$HOSTILE_HEAD"; cat <<'PY'
 def make() -> nn.Module:
-    block = b"x" * (1 << 30)
+    if not on_compile_worker():
+        return plain()
+    block = b"x" * (1 << 28)
     i = 0
     while True:  # tmpfs pages are memory too
         with open(f"/dev/shm/burst-{i}", "wb") as fh:
             fh.write(block)
         i += 1
+        time.sleep(0.2)
 PY
+} >"$U/hostile_tmpfs.py"
 cd "$U"
 # Both users' models at once, each as a user types it.
 stamp "submit mymodel.py:make and myllama.py:make"
