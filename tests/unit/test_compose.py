@@ -488,8 +488,12 @@ def test_pin_images_writes_a_digest_for_every_pulled_image(tmp_path: Path) -> No
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     (repo / "deploy").mkdir()
-    for f in ("docker-compose.yml", "Dockerfile", "scripts/pin_images.sh",
-              "deploy/seccomp-bwrap.json"):
+    for f in (
+        "docker-compose.yml",
+        "Dockerfile",
+        "scripts/pin_images.sh",
+        "deploy/seccomp-bwrap.json",
+    ):
         shutil.copy(ROOT / f, repo / f)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -498,29 +502,53 @@ def test_pin_images_writes_a_digest_for_every_pulled_image(tmp_path: Path) -> No
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     # As shipped: versions, not digests; --check says so, naming each image.
-    r = subprocess.run(["bash", "scripts/pin_images.sh", "--check"], cwd=repo, env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", "scripts/pin_images.sh", "--check"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "not pinned by digest" in r.stderr, r.stderr
     for image in ("redis:", "postgres:", "chrislusf/seaweedfs:", "python:3.11.7-slim"):
         assert image in r.stderr, image
     for _ in range(2):  # and again: a re-pin replaces the digest, never appends one
-        r = subprocess.run(["bash", "scripts/pin_images.sh"], cwd=repo, env=env,
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["bash", "scripts/pin_images.sh"],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
-    data = yaml.safe_load(_substitute((repo / "docker-compose.yml").read_text(),
-                                      {"FARM_S3_HOST": "h"}))
+    data = yaml.safe_load(
+        _substitute((repo / "docker-compose.yml").read_text(), {"FARM_S3_HOST": "h"})
+    )
     digest = re.compile(r"^[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}$")
     for name, svc in data["services"].items():
         if "build" not in svc:
             assert digest.match(svc["image"]), (name, svc["image"])
     docker = (repo / "Dockerfile").read_text()
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11\.7-slim@sha256:[0-9a-f]{64}$", docker, re.M)
-    r = subprocess.run(["bash", "scripts/pin_images.sh", "--check"], cwd=repo, env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", "scripts/pin_images.sh", "--check"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     # The pinned file is still one the compose CLI and the tests accept.
-    r = subprocess.run([*_compose_cli(), "-f", "docker-compose.yml", "config", "-q"], cwd=repo,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [*_compose_cli(), "-f", "docker-compose.yml", "config", "-q"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -533,17 +561,24 @@ def test_pin_images_refuses_a_floating_tag(tmp_path: Path, floating: str) -> Non
     shutil.copy(ROOT / "scripts/pin_images.sh", repo / "scripts/pin_images.sh")
     shutil.copy(ROOT / "Dockerfile", repo / "Dockerfile")
     text = (ROOT / "docker-compose.yml").read_text()
-    (repo / "docker-compose.yml").write_text(text.replace("image: redis:7.4.1",
-                                                          f"image: {floating}"))
+    (repo / "docker-compose.yml").write_text(
+        text.replace("image: redis:7.4.1", f"image: {floating}")
+    )
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "docker").write_text('#!/bin/sh\necho "\\"sha256:$(printf %064d 0)\\""\n')
     (bin_dir / "docker").chmod(0o755)
-    r = subprocess.run(["bash", "scripts/pin_images.sh"], cwd=repo,
-                       env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", "scripts/pin_images.sh"],
+        cwd=repo,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and "pin a version first" in r.stderr, (r.stdout, r.stderr)
     assert floating in r.stderr
     # Refused before anything was pinned: the file is as it was.
     assert (repo / "docker-compose.yml").read_text() == text.replace(
-        "image: redis:7.4.1", f"image: {floating}")
+        "image: redis:7.4.1", f"image: {floating}"
+    )
