@@ -88,7 +88,11 @@ class Hosts:
             name,
             "compile",
             netns=ns,
-            extra_env={"FARM_HOME": str(home), "FARM_BUILDER_KEY": self.keys["FARM_BUILDER_KEY"]},
+            extra_env={
+                "FARM_HOME": str(home),
+                "FARM_BUILDER_KEY": self.keys["FARM_BUILDER_KEY"],
+                "FARM_WORKER_ALIVE_FILE": str(home / "alive"),  # the compose healthcheck's
+            },
         )
 
     def live_compile_hosts(self) -> list[str]:
@@ -238,7 +242,13 @@ def hosts(
         )
         (home / "trace").mkdir()
         farm.start_worker(
-            "trace", "trace", netns=ns["trace"], extra_env={"FARM_HOME": str(home / "trace")}
+            "trace",
+            "trace",
+            netns=ns["trace"],
+            extra_env={
+                "FARM_HOME": str(home / "trace"),
+                "FARM_WORKER_ALIVE_FILE": str(home / "trace" / "alive"),
+            },
         )
         from registry.db import Database
 
@@ -408,3 +418,25 @@ def test_every_part_runs_on_its_own_host_and_reaches_only_by_address(hosts: Host
     node = hosts.ns("node")
     assert net.reaches(node, hosts.addr["api"], PORTS["api"])
     assert hosts.pg.accepted > 0  # the farm's database traffic came through the postgres host
+
+
+def test_the_compose_healthcheck_passes_for_every_live_worker(hosts: Hosts) -> None:
+    """docker-compose.yml's worker healthcheck, run as written against each
+    real worker's heartbeat file (FARM_WORKER_ALIVE_FILE)."""
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    check = compose["services"]["trace-worker"]["healthcheck"]["test"]
+    alive = compose["services"]["trace-worker"]["environment"]["FARM_WORKER_ALIVE_FILE"]
+    assert check[:2] == ["CMD", "python"], check
+    for host in ("trace", *hosts.live_compile_hosts()):
+        mine = hosts.farm.home / host / "alive"
+        argv = [sys.executable, *(a.replace(alive, str(mine)) for a in check[2:])]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, (host, r.stderr)
+        # It beats on: the file's time moves with the heartbeat (1 s here).
+        before = mine.stat().st_mtime
+        deadline = time.monotonic() + scaled(10)
+        while mine.stat().st_mtime == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert mine.stat().st_mtime > before, host

@@ -387,6 +387,46 @@ def test_the_image_runs_as_an_unprivileged_user(compose: dict[str, Any]) -> None
     assert "bubblewrap" in docker
 
 
+def test_the_image_holds_what_its_services_and_builds_run(compose: dict[str, Any]) -> None:
+    """What can be checked of the image without building it: every tool a
+    service's healthcheck calls is installed, the build sandbox and compiler
+    are, the packages pyproject ships are copied in, the entrypoint exists;
+    and for the GPU worker, the CUDA wheel is pinned and what its AOTI
+    packages would still need is written where operators read."""
+    import tomllib
+
+    docker = (ROOT / "Dockerfile").read_text()
+    (apt,) = re.findall(r"apt-get install -y --no-install-recommends ([^\n&\\]+)", docker)
+    packages = set(apt.split())
+    # Inductor's C++ kernels and CPU AOTI packages; the sandbox; the API's healthcheck.
+    assert {"g++", "bubblewrap", "curl"} <= packages, packages
+    for name in FARM_SERVICES:
+        check = compose["services"][name].get("healthcheck")
+        if check:
+            tool = check["test"][1]
+            assert tool == "python" or tool in packages, (name, tool)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["farm"] and 'ENTRYPOINT ["farm"]' in docker
+    copied = set(re.findall(r"^COPY (\w+) \1$", docker, re.M))
+    shipped = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert shipped <= copied, shipped - copied
+    (extras,) = re.findall(r'pip install --no-cache-dir "\.\[([\w,]+)\]"', docker)
+    assert set(extras.split(",")) <= set(project["project"]["optional-dependencies"])
+    gpu = compose["services"]["gpu-compile-worker"]["build"]["args"]
+    assert re.fullmatch(r"torch==\d+\.\d+\.\d+", gpu["TORCH_SPEC"]), gpu
+    assert re.search(r"/whl/cu\d+$", gpu["TORCH_INDEX"]), gpu
+    ops = (ROOT / "docs/operations.md").read_text()
+    section = " ".join(ops.split("### The GPU worker's image", 1)[1].split("\n## ", 1)[0].split())
+    for need in (
+        "cuda_runtime_api.h",
+        "libcudart",
+        "-devel",
+        "NVIDIA container toolkit",
+        "do not load",
+    ):
+        assert need in section, need
+
+
 def test_the_build_context_leaves_out_secrets_and_environments() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".venv", ".git", "secrets", "*.whl", "*.deb"} <= ignored
