@@ -47,6 +47,7 @@ from tests.fixtures.faults import (
     RedisServer,
     TcpProxy,
     farm_spec,
+    fault_timing,
     netns_unavailable,
     process_tree,
 )
@@ -200,17 +201,10 @@ def hosts(
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
             "FARM_ROOT_KEY": keys["FARM_ROOT_KEY"],
-            "HEARTBEAT_S": "1",
-            "FARM_VISIBILITY_TIMEOUT_S": "600",
-            "FARM_REQUEUE_AFTER_S": "4",
-            "BUILD_TIMEOUT_S": str(scaled(240)),
-            "TRACE_TIMEOUT_S": str(scaled(60)),
-            "BUILD_MEMORY_MB": "3000",
-            "FARM_AOTI": "0",  # the faults, not the formats: one format, a short build
-            # Nor the compile cache: a build that hit the first build's kernels
+            **fault_timing(),
+            # Not the compile cache: a build that hit the first build's kernels
             # could end before its host is cut off.
             "FARM_COMPILE_CACHE": "off",
-            "PYTHONUNBUFFERED": "1",
         }
         url = f"http://{addr['api']}:{PORTS['api']}"
         farm = FaultFarm(
@@ -271,6 +265,21 @@ def hosts(
         net.destroy()
 
 
+def _start_build(farm: FaultFarm, version: str, *, width: int) -> tuple[str, dict[str, Any]]:
+    """A job of a linear layer (training: a few seconds of compile) and its
+    build once a worker runs it."""
+    spec = farm_spec(
+        "hosts",
+        version,
+        LINEAR,
+        inputs=[f"float32[2,{width}]"],
+        kwargs={"in_features": width, "out_features": 4},
+        grad_mode="training",
+    )
+    job_id = farm.submit(spec)
+    return job_id, farm.wait_build(job_id, lambda b: b["state"] == "running" and b["worker"])
+
+
 def _into_the_build(pid: int) -> None:
     """Mid-build: once worker ``pid`` runs its sandboxed build child (after the
     code pack's download), and a moment into it."""
@@ -287,17 +296,7 @@ def _job_state(farm: FaultFarm, job_id: str) -> str:
 
 def test_a_compile_host_lost_mid_build_is_replaced_and_nothing_is_lost(hosts: Hosts) -> None:
     farm, net = hosts.farm, hosts.net
-    job_id = farm.submit(
-        farm_spec(
-            "hosts",
-            "1",
-            LINEAR,
-            inputs=["float32[2,13]"],
-            kwargs={"in_features": 13, "out_features": 4},
-            grad_mode="training",
-        )
-    )
-    build = farm.wait_build(job_id, lambda b: b["state"] == "running" and b["worker"])
+    job_id, build = _start_build(farm, "1", width=13)
     pid = farm.procs["compile-a"].pid
     assert build["worker"].endswith(f":{pid}"), build
     _into_the_build(pid)
@@ -350,17 +349,7 @@ def test_a_link_cut_mid_compile_is_redelivered_to_another_host(hosts: Hosts) -> 
             hosts.add_compile_host(name)
     pair = hosts.live_compile_hosts()
     hosts.wait_for_compile_workers(pair)
-    job_id = farm.submit(
-        farm_spec(
-            "hosts",
-            "2",
-            LINEAR,
-            inputs=["float32[2,14]"],
-            kwargs={"in_features": 14, "out_features": 4},
-            grad_mode="training",
-        )
-    )
-    build = farm.wait_build(job_id, lambda b: b["state"] == "running" and b["worker"])
+    job_id, build = _start_build(farm, "2", width=14)
     victim = farm.name_of_pid(int(build["worker"].rsplit(":", 1)[1]))
     assert victim in pair, (build["worker"], pair)
     (survivor,) = set(pair) - {victim}

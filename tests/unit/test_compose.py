@@ -522,6 +522,17 @@ def test_the_worker_healthcheck_reads_the_heartbeat_file(
     assert subprocess.run(argv, capture_output=True).returncode != 0, "no beat yet is not"
 
 
+def _pin_images(repo: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "scripts/pin_images.sh", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_pin_images_writes_a_digest_for_every_pulled_image(tmp_path: Path) -> None:
     # On a copy, with a `docker` that answers `buildx imagetools inspect` as
     # a registry would (no registry is reachable here).
@@ -542,26 +553,12 @@ def test_pin_images_writes_a_digest_for_every_pulled_image(tmp_path: Path) -> No
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     # As shipped: versions, not digests; --check says so, naming each image.
-    r = subprocess.run(
-        ["bash", "scripts/pin_images.sh", "--check"],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _pin_images(repo, env, "--check")
     assert r.returncode == 1 and "not pinned by digest" in r.stderr, r.stderr
     for image in ("redis:", "postgres:", "chrislusf/seaweedfs:", "python:3.11.7-slim"):
         assert image in r.stderr, image
     for _ in range(2):  # and again: a re-pin replaces the digest, never appends one
-        r = subprocess.run(
-            ["bash", "scripts/pin_images.sh"],
-            cwd=repo,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = _pin_images(repo, env)
         assert r.returncode == 0, r.stderr
     data = yaml.safe_load(
         _substitute((repo / "docker-compose.yml").read_text(), {"FARM_S3_HOST": "h"})
@@ -572,14 +569,7 @@ def test_pin_images_writes_a_digest_for_every_pulled_image(tmp_path: Path) -> No
             assert digest.match(svc["image"]), (name, svc["image"])
     docker = (repo / "Dockerfile").read_text()
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11\.7-slim@sha256:[0-9a-f]{64}$", docker, re.M)
-    r = subprocess.run(
-        ["bash", "scripts/pin_images.sh", "--check"],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _pin_images(repo, env, "--check")
     assert r.returncode == 0, r.stderr
     # The pinned file is still one the compose CLI and the tests accept.
     r = subprocess.run(
@@ -608,14 +598,7 @@ def test_pin_images_refuses_a_floating_tag(tmp_path: Path, floating: str) -> Non
     bin_dir.mkdir()
     (bin_dir / "docker").write_text('#!/bin/sh\necho "\\"sha256:$(printf %064d 0)\\""\n')
     (bin_dir / "docker").chmod(0o755)
-    r = subprocess.run(
-        ["bash", "scripts/pin_images.sh"],
-        cwd=repo,
-        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _pin_images(repo, {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert r.returncode != 0 and "pin a version first" in r.stderr, (r.stdout, r.stderr)
     assert floating in r.stderr
     # Refused before anything was pinned: the file is as it was.
