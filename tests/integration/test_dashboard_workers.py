@@ -212,7 +212,9 @@ def test_the_workers_page_in_a_browser_after_a_real_failure(farm: Farm, tmp_path
                 page.wait_for_url("**/ui/workers")
                 row = page.locator(f"table.work tr[data-target='{target}']")
                 assert row.count() == 1
-                assert row.locator("td.workers").inner_text() == "1"
+                assert row.locator("td.workers").inner_text() == str(
+                    int(m[("farm_target_workers", t)])
+                )
                 assert row.locator("td.failed").inner_text() == str(failed)
                 assert row.locator("td.waiting").inner_text() == str(
                     int(m[("farm_target_queue_depth", t)])
