@@ -30,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -72,6 +73,7 @@ class Hosts:
     keys: dict[str, str]
     node_token: str
     pg: TcpProxy
+    tap: EventTap
     compile_hosts: list[str] = field(default_factory=list)
 
     def ns(self, host: str) -> str:
@@ -143,6 +145,44 @@ class Hosts:
         return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+class EventTap:
+    """Celery's task events as a monitor receives them (Flower, ``celery
+    events``): a receiver on the broker host's Redis, in a thread of this
+    process, from the fixture's start to its end."""
+
+    def __init__(self, broker_url: str) -> None:
+        from celery import Celery
+
+        self.app = Celery(broker=broker_url)
+        self.events: list[dict[str, Any]] = []
+        self._receiver: Any = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="event-tap", daemon=True)
+        self._thread.start()
+        assert self._ready.wait(scaled(30)), "the event receiver did not start"
+
+    def _run(self) -> None:
+        with self.app.connection_for_read() as conn:
+            self._receiver = self.app.events.Receiver(conn, handlers={"*": self.events.append})
+            self._ready.set()
+            # Until stop(): it looks at should_stop every second.
+            self._receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    def of_tasks(self, name: str) -> dict[str, list[dict[str, Any]]]:
+        """Task id -> its events, for the tasks named ``name``."""
+        ids = {e["uuid"] for e in self.events if e.get("name") == name}
+        out: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
+        for e in self.events:
+            if e.get("uuid") in out:
+                out[e["uuid"]].append(e)
+        return out
+
+    def stop(self) -> None:
+        if self._receiver is not None:
+            self._receiver.should_stop = True
+        self._thread.join(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def hosts(
     make_pg_database: Any, aws_credentials: None, tmp_path_factory: pytest.TempPathFactory
@@ -160,6 +200,7 @@ def hosts(
     home = tmp_path_factory.mktemp("hosts")
     farm: FaultFarm | None = None
     pg: TcpProxy | None = None
+    tap: EventTap | None = None
     try:
         net.create_bridge()
         addr = {h: net.add_host(f"farm-{tag}-{h}") for h in HOSTS}
@@ -251,13 +292,26 @@ def hosts(
             node_token = auth.create_token(db, "node", "read")
         finally:
             db.dispose()
-        h = Hosts(farm=farm, net=net, tag=tag, addr=addr, keys=keys, node_token=node_token, pg=pg)
+        # What Flower would see of the workers, listening from the start.
+        tap = EventTap(everyone["REDIS_URL"])
+        h = Hosts(
+            farm=farm,
+            net=net,
+            tag=tag,
+            addr=addr,
+            keys=keys,
+            node_token=node_token,
+            pg=pg,
+            tap=tap,
+        )
         h.add_compile_host("compile-a")
         _wait_http(url, farm.procs["api"], home / "api.log")
         h.wait_for_compile_workers(["compile-a"])
         assert not any(k.startswith(("FARM_ADMIN_TOKEN", "FARM_NAME_KEY")) for k in farm.env)
         yield h
     finally:
+        if tap is not None:
+            tap.stop()  # before the broker stops
         if farm is not None:
             farm.close()
         if pg is not None:
@@ -318,6 +372,18 @@ def test_a_compile_host_lost_mid_build_is_replaced_and_nothing_is_lost(hosts: Ho
     arts = farm.artifacts(b["build_key"])
     assert len(arts) == len({f for f, _ in arts}) >= 1, arts  # one artifact per format
     assert all(farm.blob_in_s3(d) for _, d in arts)
+    # A monitor (task events, as Flower gets them) saw the lost host start
+    # the compile, and the new one start and finish it.
+    compiles = hosts.tap.of_tasks("farm.compile")
+    started = {e["pid"] for evs in compiles.values() for e in evs if e["type"] == "task-started"}
+    done = {e["pid"] for evs in compiles.values() for e in evs if e["type"] == "task-succeeded"}
+    seen = [
+        (e["type"], e["pid"], e.get("name"))
+        for e in hosts.tap.events
+        if e["type"].startswith("task-")
+    ]
+    assert {pid, farm.procs["compile-b"].pid} <= started, (started, seen)
+    assert done == {farm.procs["compile-b"].pid}, done
 
     # A node on its own host resolves, verifies and loads it.
     result = hosts.run_node(
