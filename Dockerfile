@@ -3,7 +3,7 @@
 # The patch version is pinned: it is part of every target (python=3.11.7), and
 # a floating tag would move the workers' target under the artifacts built for it.
 # scripts/pin_images.sh replaces the tag by tag@sha256:... on a host that can
-# reach the registry (docs/operations.md, "Pinning images").
+# reach the registry (docs/operations.md, "Images pinned by version, not by digest").
 # PYTHON_IMAGE names the same version (tests/unit/test_compose.py checks it).
 ARG PYTHON_VERSION=3.11.7
 ARG PYTHON_IMAGE=python:3.11.7-slim

@@ -46,6 +46,7 @@ SHARED_FARMS = {
         "test_pipeline_recovery", "test_programs", "test_structured_inputs",
         "test_training", "test_tensor_parallel", "test_fake_weights_farm",
         "test_fleet_feedback", "test_everyday_node", "test_byom_wheels", "test_dashboard",
+        "test_dashboard_workers",
         "test_hostile_results", "test_projects_farm", "test_readme")},
 }
 

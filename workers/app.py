@@ -13,6 +13,7 @@ from kombu import Queue
 
 from farm.core.settings import get_settings
 from workers.routing import TASK_ROUTES, TRACE_QUEUE
+from workers.task_events import SendTaskEventsAtOnce
 from workers.timing import redis_transport_options
 
 
@@ -51,6 +52,7 @@ def make_celery() -> Celery:
         task_send_sent_event=True,
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
+    app.steps["consumer"].add(SendTaskEventsAtOnce)
     return app
 
 

@@ -37,6 +37,7 @@ from registry.service import reports as report_service
 
 from . import dashboard_format as fmt
 from .state import AppState
+from .worker_stats import read_worker_table
 
 log = logging.getLogger(__name__)
 
@@ -245,10 +246,19 @@ def stylesheet() -> Response:
 # --- pages -----------------------------------------------------------------------
 
 
+def _workers(request: Request, state: AppState) -> dict[str, Any]:
+    """The workers table's context: live workers, and per target what /metrics
+    reports (registry.api.worker_stats, read the same way)."""
+    workers = service.live_workers(state.db, max_age_s=state.heartbeat_max_age_s)
+    table = read_worker_table(state.db, request.app.state.metrics.queues,
+                              max_age_s=state.heartbeat_max_age_s)
+    return {"workers": sorted(workers, key=lambda w: (w["kind"], w["target"] or "", w["id"])),
+            "work": table}
+
+
 @router.get("/")
 def overview(request: Request) -> Response:
     def build(state: AppState, who: Principal) -> tuple[str, dict[str, Any]]:
-        workers = service.live_workers(state.db, max_age_s=state.heartbeat_max_age_s)
         return "overview.html", {
             "counts": service.counts(state.db),
             # Two notions, each labelled: the API's own resolve misses, and
@@ -257,10 +267,17 @@ def overview(request: Request) -> Response:
                 state.db, limit=100_000)),
             "jobs": service.list_jobs(state.db, limit=15),
             "models": _readable_models(state, who),
-            "workers": sorted(workers, key=lambda w: (w["kind"], w["target"] or "", w["id"])),
+            **_workers(request, state),
         }
 
     return _page(request, build)
+
+
+@router.get("/workers")
+def workers(request: Request) -> Response:
+    """The workers table on a page of its own: per target, tasks waiting,
+    live workers, builds, failures and compile times; the live workers."""
+    return _page(request, lambda state, _: ("workers.html", _workers(request, state)))
 
 
 @router.get("/models")

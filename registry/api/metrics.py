@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from farm.core.net import is_redis_url
 from registry import service
 from registry.dispatch import TRACE_QUEUE
 
 from .state import AppState
+from .worker_stats import QueueDepths, read_worker_table
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,9 @@ class Metrics:
                                  registry=self.registry)
 
     def attach(self, state: AppState) -> None:
-        self.registry.register(FarmCollector(state))
+        # One broker client for the scrape and the dashboard's workers table.
+        self.queues = QueueDepths(state.settings.resolved_broker_url())
+        self.registry.register(FarmCollector(state, self.queues))
 
 
 def _up(name: str, what: str, ok: bool) -> GaugeMetricFamily:
@@ -69,10 +71,9 @@ def _by_state(name: str, doc: str, known: tuple[str, ...],
 
 
 class FarmCollector(Collector):
-    def __init__(self, state: AppState) -> None:
+    def __init__(self, state: AppState, queues: QueueDepths) -> None:
         self.state = state
-        self._redis: Any = None
-        self._targets: dict[str, str] = {}  # compile queue -> its target
+        self.queues = queues
 
     def collect(self) -> Iterator[Any]:
         try:
@@ -91,14 +92,16 @@ class FarmCollector(Collector):
         yield CounterMetricFamily("farm_compile_seconds",
                                   "Seconds spent compiling, summed over finished builds",
                                   value=counts["compile_seconds"])
-        yield from self._per_target()
-        yield from self._queue_depth()
+        yield from self._workers()
 
-    def _per_target(self) -> Iterator[Any]:
-        """The workers' side, per target: builds by state (failures among
-        them) and the compile task's durations (a summary: count and sum)."""
+    def _workers(self) -> Iterator[Any]:
+        """The workers' side (registry.api.worker_stats, which the dashboard's
+        workers table reads too): per target, builds by state, failures,
+        compile durations (a summary: count and sum), live compile workers
+        and tasks waiting; per queue, its depth."""
         try:
-            rows = service.build_stats_by_target(self.state.db)
+            table = read_worker_table(self.state.db, self.queues,
+                                      max_age_s=self.state.heartbeat_max_age_s)
         except Exception as exc:
             log.warning("metrics: cannot read builds per target: %s", exc)
             return
@@ -109,58 +112,28 @@ class FarmCollector(Collector):
         durations = SummaryMetricFamily("farm_target_compile_seconds",
                                         "Compile task durations by target (finished builds)",
                                         labels=["target"])
-        per_target: dict[str, tuple[int, float, int]] = {}
-        for r in rows:
-            builds.add_metric([r["target"], r["state"]], r["builds"])
-            timed, secs, fails = per_target.get(r["target"], (0, 0.0, 0))
-            per_target[r["target"]] = (timed + r["timed"], secs + r["compile_s"],
-                                       fails + (r["builds"] if r["state"] == "failed" else 0))
-        for target, (timed, secs, fails) in sorted(per_target.items()):
-            failed.add_metric([target], fails)
-            durations.add_metric([target], count_value=timed, sum_value=secs)
-        yield builds
-        yield failed
-        yield durations
-
-    def _queue_names(self) -> list[str]:
-        names = {TRACE_QUEUE}
-        try:
-            for w in service.live_workers(self.state.db,
-                                          max_age_s=self.state.heartbeat_max_age_s):
-                if w.get("queue"):
-                    names.add(w["queue"])
-                    if w.get("target"):
-                        self._targets[w["queue"]] = w["target"]
-        except Exception as exc:
-            log.warning("metrics: cannot list workers: %s", exc)
-        return sorted(names)
-
-    def _queue_depth(self) -> Iterator[Any]:
-        broker = self.state.settings.resolved_broker_url()
-        if not is_redis_url(broker):
+        live = GaugeMetricFamily("farm_target_workers", "Live compile workers by target",
+                                 labels=["target"])
+        for t in table.targets:
+            for st, n in sorted(t.builds.items()):
+                builds.add_metric([t.target, st], n)
+            failed.add_metric([t.target], t.failed)
+            durations.add_metric([t.target], count_value=t.timed, sum_value=t.compile_s)
+            live.add_metric([t.target], t.workers)
+        yield from (builds, failed, durations, live)
+        if not self.queues.readable:
             return  # other brokers (the embedded SQLite one) have no cheap LLEN
+        yield _up("farm_broker_up", "the broker", table.broker_error is None)
+        if table.broker_error is not None:
+            return
         depth = GaugeMetricFamily("farm_queue_depth", "Messages waiting in each queue",
                                   labels=["queue"])
         by_target = GaugeMetricFamily("farm_target_queue_depth",
                                       "Compile tasks waiting, by target", labels=["target"])
-        try:
-            if self._redis is None:
-                import redis
-
-                self._redis = redis.Redis.from_url(broker, socket_timeout=1.0,
-                                                   socket_connect_timeout=1.0)
-            names = self._queue_names()
-            pipe = self._redis.pipeline(transaction=False)
-            for name in names:
-                pipe.llen(name)
-            for name, n in zip(names, pipe.execute(), strict=True):
-                depth.add_metric([name], int(n))
-                if name != TRACE_QUEUE:
-                    by_target.add_metric([self._targets.get(name, name)], int(n))
-        except Exception as exc:
-            log.warning("metrics: broker unreadable: %s", exc)
-            yield _up("farm_broker_up", "the broker", False)
-            return
-        yield _up("farm_broker_up", "the broker", True)
+        depth.add_metric([TRACE_QUEUE], table.trace_queued or 0)
+        for t in table.targets:
+            if t.queue is not None and t.queued is not None:
+                depth.add_metric([t.queue], t.queued)
+                by_target.add_metric([t.target], t.queued)
         yield depth
         yield by_target

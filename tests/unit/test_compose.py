@@ -387,6 +387,46 @@ def test_the_image_runs_as_an_unprivileged_user(compose: dict[str, Any]) -> None
     assert "bubblewrap" in docker
 
 
+def test_the_image_holds_what_its_services_and_builds_run(compose: dict[str, Any]) -> None:
+    """What can be checked of the image without building it: every tool a
+    service's healthcheck calls is installed, the build sandbox and compiler
+    are, the packages pyproject ships are copied in, the entrypoint exists;
+    and for the GPU worker, the CUDA wheel is pinned and what its AOTI
+    packages would still need is written where operators read."""
+    import tomllib
+
+    docker = (ROOT / "Dockerfile").read_text()
+    (apt,) = re.findall(r"apt-get install -y --no-install-recommends ([^\n&\\]+)", docker)
+    packages = set(apt.split())
+    # Inductor's C++ kernels and CPU AOTI packages; the sandbox; the API's healthcheck.
+    assert {"g++", "bubblewrap", "curl"} <= packages, packages
+    for name in FARM_SERVICES:
+        check = compose["services"][name].get("healthcheck")
+        if check:
+            tool = check["test"][1]
+            assert tool == "python" or tool in packages, (name, tool)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["farm"] and 'ENTRYPOINT ["farm"]' in docker
+    copied = set(re.findall(r"^COPY (\w+) \1$", docker, re.M))
+    shipped = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert shipped <= copied, shipped - copied
+    (extras,) = re.findall(r'pip install --no-cache-dir "\.\[([\w,]+)\]"', docker)
+    assert set(extras.split(",")) <= set(project["project"]["optional-dependencies"])
+    gpu = compose["services"]["gpu-compile-worker"]["build"]["args"]
+    assert re.fullmatch(r"torch==\d+\.\d+\.\d+", gpu["TORCH_SPEC"]), gpu
+    assert re.search(r"/whl/cu\d+$", gpu["TORCH_INDEX"]), gpu
+    ops = (ROOT / "docs/operations.md").read_text()
+    section = " ".join(ops.split("### The GPU worker's image", 1)[1].split("\n## ", 1)[0].split())
+    for need in (
+        "cuda_runtime_api.h",
+        "libcudart",
+        "-devel",
+        "NVIDIA container toolkit",
+        "do not load",
+    ):
+        assert need in section, need
+
+
 def test_the_build_context_leaves_out_secrets_and_environments() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".venv", ".git", "secrets", "*.whl", "*.deb"} <= ignored
@@ -482,14 +522,29 @@ def test_the_worker_healthcheck_reads_the_heartbeat_file(
     assert subprocess.run(argv, capture_output=True).returncode != 0, "no beat yet is not"
 
 
+def _pin_images(repo: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "scripts/pin_images.sh", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_pin_images_writes_a_digest_for_every_pulled_image(tmp_path: Path) -> None:
     # On a copy, with a `docker` that answers `buildx imagetools inspect` as
     # a registry would (no registry is reachable here).
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     (repo / "deploy").mkdir()
-    for f in ("docker-compose.yml", "Dockerfile", "scripts/pin_images.sh",
-              "deploy/seccomp-bwrap.json"):
+    for f in (
+        "docker-compose.yml",
+        "Dockerfile",
+        "scripts/pin_images.sh",
+        "deploy/seccomp-bwrap.json",
+    ):
         shutil.copy(ROOT / f, repo / f)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -497,19 +552,56 @@ def test_pin_images_writes_a_digest_for_every_pulled_image(tmp_path: Path) -> No
     fake.write_text('#!/bin/sh\necho "\\"sha256:$(printf %s "$6" | sha256sum | cut -c1-64)\\""\n')
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    # As shipped: versions, not digests; --check says so, naming each image.
+    r = _pin_images(repo, env, "--check")
+    assert r.returncode == 1 and "not pinned by digest" in r.stderr, r.stderr
+    for image in ("redis:", "postgres:", "chrislusf/seaweedfs:", "python:3.11.7-slim"):
+        assert image in r.stderr, image
     for _ in range(2):  # and again: a re-pin replaces the digest, never appends one
-        r = subprocess.run(["bash", "scripts/pin_images.sh"], cwd=repo, env=env,
-                           capture_output=True, text=True, timeout=60)
+        r = _pin_images(repo, env)
         assert r.returncode == 0, r.stderr
-    data = yaml.safe_load(_substitute((repo / "docker-compose.yml").read_text(),
-                                      {"FARM_S3_HOST": "h"}))
+    data = yaml.safe_load(
+        _substitute((repo / "docker-compose.yml").read_text(), {"FARM_S3_HOST": "h"})
+    )
     digest = re.compile(r"^[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}$")
     for name, svc in data["services"].items():
         if "build" not in svc:
             assert digest.match(svc["image"]), (name, svc["image"])
     docker = (repo / "Dockerfile").read_text()
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11\.7-slim@sha256:[0-9a-f]{64}$", docker, re.M)
-    # The pinned file is still one the compose CLI and the tests accept.
-    r = subprocess.run([*_compose_cli(), "-f", "docker-compose.yml", "config", "-q"], cwd=repo,
-                       capture_output=True, text=True, timeout=120)
+    r = _pin_images(repo, env, "--check")
     assert r.returncode == 0, r.stderr
+    # The pinned file is still one the compose CLI and the tests accept.
+    r = subprocess.run(
+        [*_compose_cli(), "-f", "docker-compose.yml", "config", "-q"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("floating", ["redis:latest", "redis"])
+def test_pin_images_refuses_a_floating_tag(tmp_path: Path, floating: str) -> None:
+    """A digest of `latest` would pin whatever was newest that day: the script
+    wants a version first. (test_images_are_pinned keeps the shipped file so.)"""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts/pin_images.sh", repo / "scripts/pin_images.sh")
+    shutil.copy(ROOT / "Dockerfile", repo / "Dockerfile")
+    text = (ROOT / "docker-compose.yml").read_text()
+    (repo / "docker-compose.yml").write_text(
+        text.replace("image: redis:7.4.1", f"image: {floating}")
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text('#!/bin/sh\necho "\\"sha256:$(printf %064d 0)\\""\n')
+    (bin_dir / "docker").chmod(0o755)
+    r = _pin_images(repo, {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert r.returncode != 0 and "pin a version first" in r.stderr, (r.stdout, r.stderr)
+    assert floating in r.stderr
+    # Refused before anything was pinned: the file is as it was.
+    assert (repo / "docker-compose.yml").read_text() == text.replace(
+        "image: redis:7.4.1", f"image: {floating}"
+    )

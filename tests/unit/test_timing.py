@@ -58,6 +58,10 @@ def test_the_celery_app_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
         s = settings_mod.get_settings()
         assert app.conf.broker_transport_options["visibility_timeout"] == visibility_timeout_s(s)
         assert app.conf.worker_send_task_events and app.conf.task_send_sent_event
+        # Sent as they happen, not held until a solo worker's task ends.
+        from workers.task_events import SendTaskEventsAtOnce
+
+        assert SendTaskEventsAtOnce in app.steps["consumer"]
     finally:
         settings_mod.get_settings.cache_clear()
 
