@@ -235,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="NAME",
             help="with --function: a global the function captures that torch cannot save (an "
                  "nn.Module); the node supplies it at load (repeatable)"),
+        arg("--rebuild", action="store_true",
+            help="compile anew even where the farm has this program's artifacts, and replace "
+                 "them (without it they are reused, and only a format deleted from them is "
+                 "built again)"),
         arg("--wait", action="store_true", help="wait for the builds, showing progress"),
         arg("--timeout", type=float, default=None, metavar="S",
             help="with --wait: give up after S seconds"))

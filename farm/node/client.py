@@ -77,7 +77,8 @@ class FarmClient(FarmTrust):
     def submit(self, spec: JobSpec | Mapping[str, Any], *,
                source: str | os.PathLike[str] | bool | None = None,
                wheels: Sequence[str | os.PathLike[str]] = (),
-               requirements: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+               requirements: str | os.PathLike[str] | None = None,
+               rebuild: bool = False) -> dict[str, Any]:
         """Submit a job, with its model's code.
 
         ``source``: the file or directory to ship (``farm.core.codepack``);
@@ -90,7 +91,8 @@ class FarmClient(FarmTrust):
         same pack; the workers install them with ``pip --no-deps``, so their
         dependencies must be among them too. The pack is uploaded only when
         the farm lacks it; the answer's ``code`` says what went (None when
-        nothing did).
+        nothing did). ``rebuild``: compile even where the farm has this
+        program's artifacts, and replace them.
         """
         from dataclasses import replace
 
@@ -112,7 +114,8 @@ class FarmClient(FarmTrust):
             if where is not None or wheels or requirements is not None:
                 code = self.upload_code(where, wheels=wheels, requirements=requirements)
                 spec = replace(spec, code_digest=code["digest"])
-        out = dict(self._request("POST", "/v1/jobs", json=spec.to_json()))
+        body = {**spec.to_json(), **({"rebuild": True} if rebuild else {})}
+        out = dict(self._request("POST", "/v1/jobs", json=body))
         out["code"] = code
         return out
 
