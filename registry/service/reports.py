@@ -92,6 +92,21 @@ def miss_summary(db: Database, *, model: str | None = None, since_s: float | Non
             for x in rows]
 
 
+def not_served_count(db: Database, *, model: str | None = None,
+                     since_s: float | None = None) -> int:
+    """How many reports say a node was not served (``NOT_SERVED``): the one
+    notion of a miss the dashboard counts, and the rows its misses page lists."""
+    q = select(func.count()).select_from(m.NodeReport).where(
+        m.NodeReport.kind.in_(NOT_SERVED))
+    if model is not None:
+        q = q.where(m.NodeReport.model == model)
+    cutoff = _since(since_s)
+    if cutoff is not None:
+        q = q.where(m.NodeReport.received_at >= cutoff)
+    with db.session() as s:
+        return int(s.scalar(q) or 0)
+
+
 def report_counts(db: Database, model: str, *, since_s: float | None = None) -> dict[str, int]:
     """Reports of ``model`` by kind (every kind present, zero when none)."""
     q = select(m.NodeReport.kind, func.count()).where(m.NodeReport.model == model)
