@@ -30,6 +30,7 @@ from farm.build.steps import TRACE_STEP, compile_env
 from farm.build.toolchain import current_compiler
 from farm.core.specs import JobSpec
 from farm.core.target import Target
+from farm.core.text import readable_tensors
 from registry import service
 from registry.db import DatabaseUnavailable
 from registry.service.cache import cache_salt
@@ -93,7 +94,9 @@ def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
         parts.append(res.traceback)
     if res.stderr_tail:
         parts.append("--- stderr (tail) ---\n" + res.stderr_tail)
-    return head, "\n".join(parts)
+    # The error a user reads names each fake tensor by dtype and shape; the
+    # log keeps torch's message as it was.
+    return readable_tensors(head), "\n".join(parts)
 
 
 def _code_paths(spec: JobSpec) -> list[str]:
