@@ -159,7 +159,7 @@ def bind_version(db: Database, spec: JobSpec, name_key: Path) -> None:
     import json
 
     from farm.core import attest
-    from farm.core.signing import load_or_create_signing_key
+    from farm.core.keys import load_or_create_signing_key
     from registry.service import trust
 
     stmt = attest.version_statement(model=spec.name, version=spec.version,
@@ -356,7 +356,7 @@ def test_resolve_serves_stored_attestations_and_signs_nothing(api: Api) -> None:
     assert api.post("/v1/jobs", json=spec_json()).status_code == 201
     again = api.get("/v1/resolve", params=resolve_params()).json()["artifact"]["attestation"]
     from farm.core import attest
-    from farm.core.signing import load_public_key
+    from farm.core.keys import load_public_key
 
     name_key = api.get("/v1/keys").json()["name_key"]
     _, payload = attest.verify_envelope(
@@ -574,7 +574,7 @@ def test_auth_disabled_for_embedded_mode(db_url: str, tmp_path: Path) -> None:
 
 
 def test_name_key_from_settings(db_url: str, tmp_path: Path) -> None:
-    from farm.core.signing import generate_keypair
+    from farm.core.keys import generate_keypair
     from registry.api.signer import NameKeyError
 
     private, public = generate_keypair()
