@@ -408,6 +408,10 @@ def test_tampered_or_unsigned_artifact_is_refused(
                 del edited[field]
             with pytest.raises(IntegrityError):
                 client.load({**resolved, "artifact": edited})
+            # Fetching alone (farm fetch, prefetch) refuses it too: there is
+            # no switch that takes an artifact without its build statement.
+            with pytest.raises(IntegrityError):
+                client.fetch({**resolved, "artifact": edited})
         assert client.cache.get(art["digest"]) is None  # refused before any download
     # A node that trusts another key refuses the farm's artifacts.
     _, stranger = generate_keypair()
