@@ -59,24 +59,35 @@ def test_the_overview_counts_the_misses_its_page_lists(db_url: str, tmp_path: Pa
 
     for api in _api(db_url, tmp_path, farm_auth=False):
         make_artifact(api.db, api.store, name="tiny", version="1", target=cpu)
-        report = {"kind": "miss", "model": "tiny", "ref": "1", "version": "1",
-                  "inputs": ["int64[4,32]"], "grad_mode": "inference", "target": str(cpu)}
+        report = {
+            "kind": "miss",
+            "model": "tiny",
+            "ref": "1",
+            "version": "1",
+            "inputs": ["int64[4,32]"],
+            "grad_mode": "inference",
+            "target": str(cpu),
+        }
         # A shape the version covers, and a load (served): the first still counts.
         covered = {**report, "kind": "fallback", "inputs": ["int64[1,16]"], "code": "load"}
         served = {**report, "kind": "load", "inputs": ["int64[1,16]"]}
-        r = api.client.post("/v1/reports", json={"node": "node-a",
-                                                 "reports": [report, report, covered, served]})
+        r = api.client.post(
+            "/v1/reports", json={"node": "node-a", "reports": [report, report, covered, served]}
+        )
         assert r.status_code in (200, 202), r.text
         assert cast(Any, api.client.app).state.farm.reports.flush(scaled(30))
         # Two days old: outside the overview's period and the page's default.
         old = datetime.now(timezone.utc) - timedelta(days=2)
-        report_service.store_reports(api.db, [{
-            **report, "inputs": "int64[9,32]", "received_at": old, "reported_at": old}])
+        report_service.store_reports(
+            api.db, [{**report, "inputs": "int64[9,32]", "received_at": old, "reported_at": old}]
+        )
 
         page = " ".join(api.client.get("/ui/").text.split())
         assert "resolves that found no artifact" not in page  # the API's own log is gone
-        assert ('<b>3</b><span><a href="/ui/misses?since=24h">not served in the last day, '
-                "as nodes reported") in page, page
+        assert (
+            '<b>3</b><span><a href="/ui/misses?since=24h">not served in the last day, '
+            "as nodes reported"
+        ) in page, page
         misses = " ".join(api.client.get("/ui/misses?since=24h").text.split())
         assert "<b>3</b> request(s) not served (last day)." in misses
         assert "int64[9,32]" not in misses

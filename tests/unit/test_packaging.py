@@ -91,3 +91,26 @@ print("ok")
         timeout=300,
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr[-3000:]
+
+
+def test_a_server_command_on_a_node_install_says_what_to_install(tmp_path: Path) -> None:
+    paths = client_only_site(tmp_path)
+    for argv in (["serve", "--embedded", "--port", "9"], ["db", "current"]):
+        code = f"""
+import sys
+sys.path[:0] = {paths!r}
+from farm.app import cli
+sys.exit(cli.main({argv!r}))
+"""
+        out = subprocess.run(
+            [sys.executable, "-S", "-c", code],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 1, out.stderr[-3000:]
+        assert out.stderr.startswith(
+            f"farm: error: farm {argv[0]} needs the farm's server packages"
+        ), out.stderr[-3000:]
+        assert "pip install torch-farm-server (from a clone: pip install ./server)" in out.stderr
