@@ -144,6 +144,11 @@ def finish_compile(
                 # Its statement and measurements are this build's, even
                 # where the bytes came out the same.
                 _replace(exists, a)
+            elif exists is not None:
+                # Kept, but what this compile found about the other formats
+                # (the one it was to add failed, say) is recorded on it: else
+                # every resubmission would take that format for deleted.
+                exists.meta = _with_format_news(exists.meta or {}, a.meta)
             if exists is not None:
                 continue
             s.add(
@@ -183,6 +188,16 @@ def finish_compile(
         s.flush()
         named = set(s.scalars(select(m.Artifact.digest).where(m.Artifact.digest.in_(dropped))))
         return sorted(dropped - named)
+
+
+def _with_format_news(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``kept`` (an artifact row's meta) with the formats a later compile of
+    its build key failed or skipped added (a new dict: the column is JSON)."""
+    out = dict(kept)
+    for field in ("formats_failed", "formats_skipped"):
+        if new.get(field):
+            out[field] = {**(out.get(field) or {}), **new[field]}
+    return out
 
 
 def _replace(row: m.Artifact, new: NewArtifact) -> None:
