@@ -30,6 +30,16 @@ def _wheel(path: Path) -> tuple[set[str], list[str], list[str]]:
     return {n.split("/")[0] for n in names}, names, msg.get_all("Requires-Dist") or []
 
 
+def _on_node(paths: list[str], code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` in a process that sees only the node's install (``paths``):
+    -S, no site-packages of this environment; ``cwd`` is not the checkout
+    (whose registry/ would be importable from it)."""
+    script = f"import sys\nsys.path[:0] = {paths!r}\n{code}"
+    return subprocess.run(
+        [sys.executable, "-S", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     where = tmp_path_factory.mktemp("wheels")
@@ -73,42 +83,21 @@ def test_the_server_wheel_holds_registry_workers_and_migrations(built: dict[str,
 def test_a_node_install_imports_the_node_and_nothing_of_the_server(tmp_path: Path) -> None:
     paths = client_only_site(tmp_path)
     code = f"""
-import importlib.util, sys
-sys.path[:0] = {paths!r}
+import importlib.util
 import farm.node, farm.app.cli
 assert farm.__file__.startswith({paths[0]!r}), farm.__file__
 present = [m for m in {SERVER_SIDE!r} if importlib.util.find_spec(m) is not None]
 assert not present, present
 print("ok")
 """
-    # -S: no site-packages of this environment; the working directory is not
-    # the checkout (whose registry/ would be importable from it).
-    out = subprocess.run(
-        [sys.executable, "-S", "-c", code],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = _on_node(paths, code, tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr[-3000:]
 
 
 def test_a_server_command_on_a_node_install_says_what_to_install(tmp_path: Path) -> None:
     paths = client_only_site(tmp_path)
     for argv in (["serve", "--embedded", "--port", "9"], ["db", "current"]):
-        code = f"""
-import sys
-sys.path[:0] = {paths!r}
-from farm.app import cli
-sys.exit(cli.main({argv!r}))
-"""
-        out = subprocess.run(
-            [sys.executable, "-S", "-c", code],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        out = _on_node(paths, f"from farm.app import cli\nsys.exit(cli.main({argv!r}))", tmp_path)
         assert out.returncode == 1, out.stderr[-3000:]
         assert out.stderr.startswith(
             f"farm: error: farm {argv[0]} needs the farm's server packages"
