@@ -23,8 +23,9 @@ COPY farm farm
 COPY registry registry
 COPY workers workers
 COPY migrations migrations
+COPY server/pyproject.toml server/pyproject.toml
 RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" "$TORCH_SPEC" \
- && pip install --no-cache-dir ".[server,postgres]"
+ && pip install --no-cache-dir . "./server[postgres]"
 # Not root: a process that escapes the sandbox lands as this user, with no
 # capabilities. Its home is FARM_HOME, so what a worker keeps between
 # builds (code packs, code envs, the compile cache directory, the compiler

@@ -57,7 +57,6 @@ def artifact_to_record(row: models.Artifact) -> ArtifactRecord:
             max_abs_err=row.max_abs_err,
             first_call_s=row.first_call_s,
             load_s=row.load_s,
-            signature=row.signature,
             cxx=row.cxx,
             libstdcxx_needs=tuple(str(v) for v in row.libstdcxx_needs or ()),
             attestation=row.attestation,
@@ -108,7 +107,7 @@ def artifact_row(
     """A new artifact row with its build key and target columns derived, not typed.
 
     ``extra`` sets the remaining columns (``verified``, ``max_abs_err``,
-    ``signature``, ``meta``, ...). The compiler columns (``cxx``,
+    ``attestation``, ``meta``, ...). The compiler columns (``cxx``,
     ``libstdcxx_needs``) come from the compile worker's ``meta`` unless given.
     """
     meta = extra.get("meta") or {}

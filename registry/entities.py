@@ -40,7 +40,6 @@ class ArtifactRecord:
     max_abs_err: float | None = None
     first_call_s: float | None = None
     load_s: float | None = None
-    signature: str | None = None  # legacy: base64 Ed25519 over digest + metadata
     # The build statement (DSSE envelope JSON) the compile worker signed.
     attestation: str | None = None
     # The compiler that built it, and the libstdc++ symbol versions (GLIBCXX_*,
@@ -68,7 +67,6 @@ class ArtifactRecord:
             "max_abs_err": self.max_abs_err,
             "first_call_s": self.first_call_s,
             "load_s": self.load_s,
-            "signature": self.signature,
             "cxx": self.cxx,
             "libstdcxx_needs": list(self.libstdcxx_needs),
             "created_at": self.created_at.isoformat() if self.created_at else None,

@@ -28,6 +28,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -200,6 +201,9 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     log: Mapped[str | None] = mapped_column(Text, nullable=True)
     submitted_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # `farm submit --rebuild`: compile even where the build key has artifacts
+    # (they are replaced); without it only a format missing from them is built.
+    rebuild: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(
         UTCDateTime(), default=utcnow, onupdate=utcnow
@@ -281,7 +285,6 @@ class Artifact(Base):
     max_abs_err: Mapped[float | None] = mapped_column(Float, nullable=True)
     first_call_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     load_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    signature: Mapped[str | None] = mapped_column(Text, nullable=True)
     # The build statement (DSSE envelope, JSON) the compile worker signed when
     # the artifact passed verification; None for rows no builder attested.
     attestation: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv with torch 2.13.0 (the CPU wheel on this machine's disk) and the
-# project installed editable with the server set (the API, workers, builders)
-# and the dev extras. Idempotent and quick when done.
+# project installed editable: torch-farm (the node, the CLI, the builders) with
+# the dev extras, and torch-farm-server (./server: the API, workers and
+# migrations) with PostgreSQL's driver. Idempotent and quick when done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Build workers run model code under bubblewrap (farm.build.sandbox): a worker
@@ -58,7 +59,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.farm-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ server/pyproject.toml -nt "$stamp" ]; then
   say "installing into .venv: pip and uv, then torch 2.13.0"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q --no-compile uv >/dev/null 2>&1 || true
@@ -79,11 +80,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # The rest (about 90 packages) through uv, which keeps the installed torch:
   # 8 s against pip's 40 s on a fresh clone here (this script's whole run:
   # 36.5 s against 64.6 s). pip installs them where uv cannot be had.
-  extras=".[server,postgres,dev]"
-  say "installing torch-farm $extras and its dependencies (about 90 packages)"
-  if ! uv -e "$extras"; then
+  say "installing torch-farm .[dev] and torch-farm-server ./server[postgres] and their dependencies (about 90 packages)"
+  if ! uv -e ".[dev]" -e "./server[postgres]"; then
     echo "bootstrap: uv unavailable or failed; installing with pip" >&2
-    .venv/bin/python -m pip install -q --no-compile -e "$extras" 2>&1 | grep -v "is ignored: it is neither" || true
+    .venv/bin/python -m pip install -q --no-compile -e ".[dev]" -e "./server[postgres]" 2>&1 | grep -v "is ignored: it is neither" || true
   fi
   # Not what is never imported: transformers' 560 model folders but llama's
   # (the farm's Hugging Face zoo), packages' own test folders, and mypy's

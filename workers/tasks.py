@@ -30,6 +30,7 @@ from farm.build.steps import TRACE_STEP, compile_env
 from farm.build.toolchain import current_compiler
 from farm.core.specs import JobSpec
 from farm.core.target import Target
+from farm.core.text import readable_tensors
 from registry import service
 from registry.db import DatabaseUnavailable
 from registry.service.cache import cache_salt
@@ -93,7 +94,9 @@ def _sandbox_error(res: SandboxResult) -> tuple[str, str]:
         parts.append(res.traceback)
     if res.stderr_tail:
         parts.append("--- stderr (tail) ---\n" + res.stderr_tail)
-    return head, "\n".join(parts)
+    # The error a user reads names each fake tensor by dtype and shape; the
+    # log keeps torch's message as it was.
+    return readable_tensors(head), "\n".join(parts)
 
 
 def _code_paths(spec: JobSpec) -> list[str]:
@@ -342,6 +345,9 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
             # was taken. Its stored blob is not what was measured: no artifact.
             failures.append(f"{art.format} artifact changed after the worker took it "
                             f"(stored sha256 {info.digest[:12]}, taken {art.sha256[:12]})")
+            # Recorded like a failed verification, so a resubmission does not
+            # take the format for a deleted one and build it again each time.
+            verify_failed[art.format] = {"stage": "store", "reason": failures[-1][:500]}
             continue
         new.append(
             service.NewArtifact(
@@ -390,7 +396,7 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
                             stop=stop_after_delay(FINISH_WAIT_S),
                             wait=wait_exponential(multiplier=0.5, max=5), reraise=True):
         with attempt:
-            service.finish_compile(
+            unnamed = service.finish_compile(
                 db,
                 build_key,
                 target=target,
@@ -400,6 +406,13 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
                 compile_s=compile_s,
                 log_text="\n".join(logs),
             )
+    for digest in unnamed:
+        # A rebuild's replaced artifact, or a kept format's new copy: no row
+        # names the blob. Left behind it is only wasted space.
+        try:
+            store.delete(digest)
+        except Exception as exc:
+            log.warning("could not delete unreferenced blob %s: %s", digest[:12], exc)
 
 
 def _shared_cache(target: Target, build_dir: Path, *, model: str,

@@ -235,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="NAME",
             help="with --function: a global the function captures that torch cannot save (an "
                  "nn.Module); the node supplies it at load (repeatable)"),
+        arg("--rebuild", action="store_true",
+            help="compile anew even where the farm has this program's artifacts, and replace "
+                 "them (without it they are reused, and only a format deleted from them is "
+                 "built again)"),
         arg("--wait", action="store_true", help="wait for the builds, showing progress"),
         arg("--timeout", type=float, default=None, metavar="S",
             help="with --wait: give up after S seconds"))
@@ -419,8 +423,10 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-# What `pip install 'torch-farm[server]'` adds to a fleet node's install.
-SERVER_MODULES = frozenset({"celery", "kombu", "redis", "sqlalchemy", "alembic", "boto3",
+# What `pip install torch-farm-server` adds to a fleet node's install: the
+# farm's own server packages and the services they use.
+SERVER_MODULES = frozenset({"registry", "workers", "migrations",
+                            "celery", "kombu", "redis", "sqlalchemy", "alembic", "boto3",
                             "botocore", "fastapi", "starlette", "uvicorn", "prometheus_client",
                             "psutil", "cachetools", "psycopg"})
 
@@ -439,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.url:
         args.url = args.url.rstrip("/")
 
-    from farm.core.signing import SigningKeyError
+    from farm.core.keys import SigningKeyError
     from farm.node.cache import CacheError
     from farm.node.errors import FarmError, FarmUnavailable
 
@@ -462,7 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         # A fleet node's install (`pip install torch-farm`) has no server set.
         return _fail(f"farm {args.command} needs the farm's server packages (no module "
-                     f"named {root!r} here): pip install 'torch-farm[server]'", EXIT_FAILURE)
+                     f"named {root!r} here): pip install torch-farm-server (from a clone: "
+                     "pip install ./server)", EXIT_FAILURE)
     except BrokenPipeError:
         # `farm models | head`: the reader left; say nothing.
         with contextlib.suppress(OSError):

@@ -165,6 +165,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         extra["wheels"] = wheels
     if requirements is not None:
         extra["requirements"] = requirements
+    if getattr(args, "rebuild", False):
+        extra["rebuild"] = True
     try:
         job = client.submit(spec, source=source if source is not None else False, **extra)
     except CodePackError as exc:

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from farm.core.target import Target, TargetError
 from farm.core.text import first_line as _first_line
-from farm.core.text import human_bytes
+from farm.core.text import human_bytes, readable_tensors
 
 log = logging.getLogger(__name__)
 
@@ -147,25 +147,23 @@ def print_table(columns: list[str], rows: list[list[str]], *, title: str | None 
     console.print(table, soft_wrap=True)
 
 
-_FAKE_PARAM = re.compile(r"Parameter\(FakeTensor\([^()]*size=\(([^()]*)\)[^()]*\)\)")
 # Where a build put the job's code pack: a sandbox's copy
 # (/tmp/farm-slot-PID/run-X/code/N/) or the worker's unpacked pack
 # (FARM_HOME/code/SHA256/). A user knows the file by its place in the pack.
 _PACK_PATH = re.compile(
     r"(?:/[^\s'\"():]+)*/(?:farm-slot-\d+/run-[^/\s]+/code/\d+|code/[0-9a-f]{64})/")
-_FAKE_TENSOR = re.compile(r"FakeTensor\([^()]*size=\(([^()]*)\)[^()]*\)")
 _SHAPE_WORDS = ("reduction dim", "shapes cannot be multiplied", "size mismatch",
                 "must match the size", "Expected size", "expected input")
 
 
 def concise_error(text: Any) -> str:
     """A job's error as one readable line: a trace's shape error names each
-    FakeTensor by its shape (``tensor[8, 63]``) instead of its repr, and says
-    what to check."""
+    FakeTensor by its dtype and shape (``float32[8,63]``) instead of its repr
+    (errors stored before the workers did so too), and says what to check."""
     line = _PACK_PATH.sub("./", _first_line(text))
-    short = _FAKE_TENSOR.sub(lambda m: f"tensor[{m.group(1).rstrip(',')}]",
-                             _FAKE_PARAM.sub(lambda m: f"param[{m.group(1).rstrip(',')}]", line))
-    if short != line and any(w in short for w in _SHAPE_WORDS):
+    short = readable_tensors(line)
+    # Torch's shape complaint while tracing on fake tensors: the input specs.
+    if "fake tensor" in short and any(w in short for w in _SHAPE_WORDS):
         short += " (the --input specs do not fit what the model takes: check their shapes)"
     return short
 

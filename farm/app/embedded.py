@@ -51,7 +51,7 @@ def ensure_embedded_trust(s: Settings) -> None:
 
     from farm.build.provenance import DEFAULT_KEY_FILE as BUILDER_KEY_FILE
     from farm.core import attest
-    from farm.core.signing import load_or_create_signing_key, public_key_pem
+    from farm.core.keys import load_or_create_signing_key, public_key_pem
     from registry.api.signer import default_key_path
     from registry.db import Database
     from registry.service import trust
@@ -295,7 +295,7 @@ def decide_isolation(env: dict[str, str]) -> str:
 def _root_keyid(s: Settings) -> str:
     """The embedded farm's root key id: what a node pins (``farm trust show``)."""
     from farm.core import attest
-    from farm.core.signing import load_public_key
+    from farm.core.keys import load_public_key
 
     return attest.keyid(load_public_key(s.farm_home / (ROOT_KEY_FILE + ".pub")))
 

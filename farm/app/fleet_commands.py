@@ -96,6 +96,10 @@ def _coverage_lines(name: str, body: dict[str, Any]) -> Iterator[str]:
             yield (f"  NOT COVERED: {u['inputs']} ({u['grad_mode']}) on "
                    f"{_short_target(u['target'])}: asked {u['count']}x, rejected: "
                    f"{', '.join(u['codes'])}" + (f"; {u['hint']}" if u.get("hint") else ""))
+        if v.get("not_served"):
+            # Covered is not served: `farm misses` says why each was not.
+            yield (f"  nodes reported {v['not_served']} request(s) not served "
+                   f"(`farm misses {name}` says why)")
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ def _pin(args: argparse.Namespace) -> tuple[str, Path]:
 
 def _keyid(path: Path) -> str | None:
     from farm.core import attest
-    from farm.core.signing import SigningKeyError, load_public_key
+    from farm.core.keys import SigningKeyError, load_public_key
 
     try:
         return attest.keyid(load_public_key(path))

@@ -28,7 +28,7 @@ def _write_private(path: Path, pem: str) -> None:
 
 def cmd_keys_generate(args: argparse.Namespace) -> int:
     from farm.core import attest
-    from farm.core.signing import generate_keypair
+    from farm.core.keys import generate_keypair
 
     private, public = generate_keypair()
     out: Path = args.out
@@ -83,7 +83,7 @@ def cmd_keys_sign_trust_list(args: argparse.Namespace) -> int:
     """Read the enrolled keys from the API, sign the list here with the root
     key (which never leaves this machine) and upload the envelope."""
     from farm.core import attest
-    from farm.core.signing import SigningKeyError, load_private_key
+    from farm.core.keys import SigningKeyError, load_private_key
 
     try:
         root = load_private_key(args.root_key)

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from farm.core import attest
 from farm.core.inputs import format_inputs
-from farm.core.signing import SigningKeyError, load_or_create_signing_key, load_private_key
+from farm.core.keys import SigningKeyError, load_or_create_signing_key, load_private_key
 from farm.core.specs import JobSpec
 from farm.core.target import Target
 

@@ -75,7 +75,7 @@ TIOCSTI = 0x5412
 MISSING = (
     "the seccomp library is missing, so build children cannot be given their syscall "
     "filter: install libseccomp (Debian/Ubuntu: apt-get install -y libseccomp2) and "
-    "pyseccomp (pip install 'pyseccomp>=0.1.2', part of torch-farm[server])"
+    "pyseccomp (pip install 'pyseccomp>=0.1.2', part of torch-farm-server)"
 )
 
 

@@ -45,7 +45,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from farm.core.signing import KeySource, SigningKeyError, load_private_key, load_public_key
+from farm.core.keys import KeySource, SigningKeyError, load_private_key, load_public_key
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def first_line(value: object, default: str | None = None) -> str:
     """The first line of ``str(value)``, stripped. With no text: ``default``
@@ -25,3 +27,31 @@ def human_bytes(n: int | None, *, missing: str = "?") -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} GB"
+
+
+# torch's repr of a fake tensor, as Dynamo's errors quote every argument of
+# the op that failed: ``FakeTensor(..., device='meta', size=(8, 63))``, a
+# parameter ``Parameter(FakeTensor(..., size=(128, 64), requires_grad=True))``.
+_FAKE_TENSOR = re.compile(
+    r"(?P<param>Parameter\()?FakeTensor\(\.\.\.(?P<fields>(?:,\s*\w+=(?:\([^()]*\)|'[^']*'"
+    r"|[^,()]+))*)\)(?(param)\))"
+)
+_FIELD = re.compile(r"(\w+)=(\([^()]*\)|'[^']*'|[^,()]+)")
+
+
+def _tensor_text(m: re.Match[str]) -> str:
+    fields = dict(_FIELD.findall(m.group("fields")))
+    dtype = fields.get("dtype", "torch.float32").strip().removeprefix("torch.")
+    size = fields.get("size", "()").strip().strip("()").replace(" ", "").rstrip(",")
+    device = fields.get("device", "'cpu'").strip().strip("'")
+    # Written as the farm's input specs are (float32[8,63]); the trace's own
+    # meta device says nothing to the user, another device does.
+    text = f"{dtype}[{size}]" + (f" on {device}" if device not in ("meta", "cpu") else "")
+    return f"param {text}" if m.group("param") else text
+
+
+def readable_tensors(text: str) -> str:
+    """``text`` with each fake tensor's repr as its dtype and shape
+    (``float32[8,63]``, ``param float32[128,64]``): what failed and on what,
+    without the repr of every argument the op had."""
+    return _FAKE_TENSOR.sub(_tensor_text, text)

@@ -22,7 +22,7 @@ import httpx
 from farm.core.specs import CompileOptions, GradMode, JobSpec
 from farm.core.target import Target
 from farm.node.arguments import as_grad_mode, as_input_specs, as_target
-from farm.node.cache import CacheCorrupt, CacheError, validate_digest
+from farm.node.cache import CacheCorrupt, CacheError
 from farm.node.errors import FarmError, FarmUnavailable, IntegrityError, JobTimeout, NotFoundError
 from farm.node.http import origin
 from farm.node.reports import Report, Reporter
@@ -54,7 +54,6 @@ class FarmClient(FarmTrust):
         url: str | None = None,
         token: str | None = None,
         *,
-        require_signature: bool = True,
         reports: bool | None = None,
         **session: Any,
     ) -> None:
@@ -67,7 +66,6 @@ class FarmClient(FarmTrust):
         self._reporter: Reporter | None = None
         self._reports_on = settings.farm_reports if reports is None else reports
         self._report_interval_s = settings.farm_report_interval_s
-        self.require_signature = require_signature
 
     def close(self) -> None:
         if self._reporter is not None:
@@ -77,7 +75,8 @@ class FarmClient(FarmTrust):
     def submit(self, spec: JobSpec | Mapping[str, Any], *,
                source: str | os.PathLike[str] | bool | None = None,
                wheels: Sequence[str | os.PathLike[str]] = (),
-               requirements: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+               requirements: str | os.PathLike[str] | None = None,
+               rebuild: bool = False) -> dict[str, Any]:
         """Submit a job, with its model's code.
 
         ``source``: the file or directory to ship (``farm.core.codepack``);
@@ -90,7 +89,8 @@ class FarmClient(FarmTrust):
         same pack; the workers install them with ``pip --no-deps``, so their
         dependencies must be among them too. The pack is uploaded only when
         the farm lacks it; the answer's ``code`` says what went (None when
-        nothing did).
+        nothing did). ``rebuild``: compile even where the farm has this
+        program's artifacts, and replace them.
         """
         from dataclasses import replace
 
@@ -112,7 +112,8 @@ class FarmClient(FarmTrust):
             if where is not None or wheels or requirements is not None:
                 code = self.upload_code(where, wheels=wheels, requirements=requirements)
                 spec = replace(spec, code_digest=code["digest"])
-        out = dict(self._request("POST", "/v1/jobs", json=spec.to_json()))
+        body = {**spec.to_json(), **({"rebuild": True} if rebuild else {})}
+        out = dict(self._request("POST", "/v1/jobs", json=body))
         out["code"] = code
         return out
 
@@ -361,34 +362,15 @@ class FarmClient(FarmTrust):
         raise FarmError(f"download of {digest[:12]}: more than {_MAX_REDIRECTS} redirects")
 
     def fetch_verified(self, resolved: Mapping[str, Any], *,
-                       request: NodeRequest | None = None) -> tuple[Path, Verified | None]:
+                       request: NodeRequest | None = None) -> tuple[Path, Verified]:
         """Verify the attestations, then download into the cache (or find it
-        there) checking the attested sha256 and size. Nothing is unpickled.
-        ``Verified`` is None only with ``require_signature=False`` and an
-        artifact that carries no attestation at all."""
-        from farm.node.verify import AttestationRefused
-
+        there) checking the attested sha256 and size. Nothing is unpickled,
+        and nothing unattested is fetched."""
         artifact = resolved.get("artifact", resolved)
         if not isinstance(artifact, Mapping):
             raise FarmError("fetch needs a resolve answer or its 'artifact'")
-        verified: Verified | None
-        try:
-            verified = self.verify_signature(resolved, request=request)
-        except AttestationRefused as exc:
-            if self.require_signature or exc.field != "attestation":
-                raise
-            log.warning("%s (require_signature=False: fetching it anyway)", exc)
-            verified = None
-        size: int | None
-        if verified is not None:
-            digest, size = verified.digest, verified.size
-        else:
-            try:
-                digest = validate_digest(artifact.get("digest"))
-            except CacheError as exc:
-                raise IntegrityError(f"the farm named an artifact by a bad digest: {exc}") from None
-            raw_size = artifact.get("size")
-            size = raw_size if isinstance(raw_size, int) else None
+        verified = self.verify_signature(resolved, request=request)
+        digest, size = verified.digest, verified.size
         path = self.cache.get(digest, size=size)
         if path is None:
             try:
@@ -397,9 +379,8 @@ class FarmClient(FarmTrust):
                 raise IntegrityError(str(exc)) from None
             except CacheError as exc:
                 raise FarmError(f"cache: {exc}") from None
-        if verified is not None:
-            # An alias statement counts as seen once its bytes are here.
-            self.trust_store().remember_alias(self.url, verified)
+        # An alias statement counts as seen once its bytes are here.
+        self.trust_store().remember_alias(self.url, verified)
         return path, verified
 
     def fetch(self, resolved: Mapping[str, Any], *, request: NodeRequest | None = None) -> Path:

@@ -104,7 +104,7 @@ class Prefetched:
     timings: dict[str, float]
     # The farm could not be reached: the resolve answer came from this node's cache.
     offline: bool = False
-    # What verified (farm.node.verify.Verified); None only without require_signature.
+    # What verified (farm.node.verify.Verified).
     verified: Any = None
 
     @property

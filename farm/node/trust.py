@@ -108,7 +108,7 @@ class FarmTrust(FarmAdmin):
 
     def public_key(self) -> Ed25519PublicKey:
         """The root key the trust list must be signed with (see the module docstring)."""
-        from farm.core.signing import SigningKeyError, load_public_key
+        from farm.core.keys import SigningKeyError, load_public_key
 
         with self._key_lock:
             if self._public_key is not None:
@@ -137,7 +137,7 @@ class FarmTrust(FarmAdmin):
                 f"it, run `farm trust reset {self.url}` and retry")
 
     def _pinned_key(self) -> Ed25519PublicKey:
-        from farm.core.signing import key_id, load_public_key, public_key_pem
+        from farm.core.keys import key_id, load_public_key, public_key_pem
 
         pin = self._pin_path()
         if pin.exists():

@@ -24,8 +24,6 @@ class ArtifactInfo(TypedDict, total=False):
     verified: bool
     first_call_compiles: bool
     max_abs_err: float | None
-    signature: str
-    signed_fields: list[str]
     download_url: str
     version: str
 

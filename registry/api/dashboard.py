@@ -259,12 +259,13 @@ def _workers(request: Request, state: AppState) -> dict[str, Any]:
 @router.get("/")
 def overview(request: Request) -> Response:
     def build(state: AppState, who: Principal) -> tuple[str, dict[str, Any]]:
+        # One notion of a miss on every page: what nodes reported not getting,
+        # over the period the linked misses page shows by default.
+        _, since_s = _period(MISSES_PERIOD)
         return "overview.html", {
             "counts": service.counts(state.db),
-            # Two notions, each labelled: the API's own resolve misses, and
-            # what nodes reported not getting (the misses page lists these).
-            "node_reports": sum(x["count"] for x in report_service.miss_summary(
-                state.db, limit=100_000)),
+            "not_served": report_service.not_served_count(state.db, since_s=since_s),
+            "misses_period": MISSES_PERIOD,
             "jobs": service.list_jobs(state.db, limit=15),
             "models": _readable_models(state, who),
             **_workers(request, state),
@@ -367,6 +368,8 @@ def artifact(request: Request, digest: Annotated[str, Path(max_length=64)]) -> R
 # Periods a page of node reports can cover: (query value, label, seconds).
 PERIODS = (("1h", "last hour", 3600.0), ("24h", "last day", 86400.0),
            ("7d", "last week", 7 * 86400.0), ("", "all time", None))
+# The misses page's default period, which the overview's count covers too.
+MISSES_PERIOD = "24h"
 
 
 def _period(since: str | None) -> tuple[str, float | None]:
@@ -386,7 +389,7 @@ def _flush_reports(state: AppState) -> None:
 @router.get("/misses")
 def misses(request: Request,
            model: Annotated[str | None, Query(max_length=128)] = None,
-           since: Annotated[str | None, Query(max_length=8)] = "24h",
+           since: Annotated[str | None, Query(max_length=8)] = MISSES_PERIOD,
            limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100) -> Response:
     """What the fleet did not get: misses, guard failures and JIT fallbacks
     that nodes reported, grouped and counted, and the latest ones."""
@@ -398,6 +401,8 @@ def misses(request: Request,
         return "misses.html", {
             "misses": report_service.miss_summary(state.db, model=model or None,
                                                   since_s=since_s, limit=limit),
+            "total": report_service.not_served_count(state.db, model=model or None,
+                                                     since_s=since_s),
             "recent": report_service.list_reports(state.db, model=model or None,
                                                   since_s=since_s, limit=min(limit, 25)),
             "model": model or "", "since": period, "periods": PERIODS, "limit": limit,

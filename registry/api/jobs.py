@@ -88,6 +88,11 @@ class JobSpecIn(BaseModel):
         description="sha256 of the code pack uploaded with PUT /v1/code/{digest} "
                     "(farm submit packs and uploads the model's code); omitted: the "
                     "entrypoint is installed on the farm's workers")
+    rebuild: bool = Field(
+        default=False,
+        description="compile even where this program's artifacts exist for a target, and "
+                    "replace them (false: artifacts are reused, and only a format deleted "
+                    "from them is built again)")
 
 
 class BuildOut(BaseModel):
@@ -153,13 +158,15 @@ def module_missing(entrypoint: str) -> str | None:
 
 
 def accept_job(state: AppState, spec: JobSpec, *, submitted_by: str | None,
-               who: Principal | None = None) -> tuple[str, bool, str | None]:
+               who: Principal | None = None,
+               rebuild: bool = False) -> tuple[str, bool, str | None]:
     """Take a job the way ``POST /v1/jobs`` does (project role, code check,
     targets, version binding, commit, then enqueue): ``(job id, enqueued,
     warning)``. Build on miss and ``farm plan --submit`` submit through here
     too, so their jobs are checked, signed and deduplicated (by build key)
     like any other. ``who``: the token asking (None: the farm itself, build
-    on miss, which a project's policy allowed)."""
+    on miss, which a project's policy allowed). ``rebuild``: compile even
+    where artifacts exist (``POST /v1/jobs``'s ``rebuild``)."""
     spec = _in_project(state, spec, who)
     # The API never imports the model's code. Shipped code is checked by the
     # trace stage, in seconds (module, callable, kwargs); code said to be
@@ -190,12 +197,12 @@ def accept_job(state: AppState, spec: JobSpec, *, submitted_by: str | None,
         names.check_version(state, spec)
         try:
             job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=submitted_by,
-                                        project=spec.project)
+                                        project=spec.project, rebuild=rebuild)
         except Conflict:
             # Two first submissions of one model raced to create its row; the
             # loser's retry finds it.
             job_id = service.submit_job(state.db, spec, targets=targets, submitted_by=submitted_by,
-                                        project=spec.project)
+                                        project=spec.project, rebuild=rebuild)
     except service.InvalidRequest as exc:
         # The version exists with another program: a conflict, not a bad request.
         raise HTTPException(409, str(exc)) from None
@@ -227,8 +234,9 @@ def accept_job(state: AppState, spec: JobSpec, *, submitted_by: str | None,
                                  "named like an alias; or the model is another project's"),
                         413: err("body over MAX_BODY_BYTES")})
 def submit_job(body: JobSpecIn, state: State, who: Submitter, response: Response) -> SubmitOut:
-    spec = JobSpec.from_json(body.model_dump(exclude_none=True))
-    job_id, enqueued, warning = accept_job(state, spec, submitted_by=who.name, who=who)
+    spec = JobSpec.from_json(body.model_dump(exclude_none=True, exclude={"rebuild"}))
+    job_id, enqueued, warning = accept_job(state, spec, submitted_by=who.name, who=who,
+                                           rebuild=body.rebuild)
     view = service.job_view(state.db, job_id)
     response.headers["Location"] = f"/v1/jobs/{job_id}"
     return SubmitOut(

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from farm.core import attest
-from farm.core.signing import SigningKeyError, load_public_key, public_key_pem
+from farm.core.keys import SigningKeyError, load_public_key, public_key_pem
 from registry import service
 from registry.service import trust
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from farm.core import attest
+from farm.core.keys import load_or_create_signing_key, load_private_key, public_key_pem
 from farm.core.settings import Settings
-from farm.core.signing import load_or_create_signing_key, load_private_key, public_key_pem
 
 log = logging.getLogger(__name__)
 

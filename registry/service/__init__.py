@@ -66,7 +66,6 @@ from registry.service.views import (
     list_models,
     record_miss,
     set_alias,
-    set_signature,
     version_candidates,
 )
 
@@ -110,7 +109,6 @@ __all__ = [
     "requeue_stale_jobs",
     "set_alias",
     "set_build_stage",
-    "set_signature",
     "start_trace",
     "submit_job",
     "version_candidates",

@@ -14,11 +14,10 @@ from farm.core.inputs import format_inputs
 from farm.core.specs import JobSpec
 from farm.core.target import Target
 from registry import models as m
-from registry.convert import artifact_to_record
 from registry.db import Database
-from registry.entities import ArtifactRecord
 from registry.service.common import TERMINAL_BUILD_STATES, _clip, _now
 from registry.service.fleet import _worker_is_live
+from registry.service.formats import missing_formats
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +43,8 @@ def begin_compile(
         claim = s.get(m.CompileClaim, key, with_for_update=True)
         if claim is None:
             return ClaimDecision("done")
-        if s.scalar(
-            select(func.count()).select_from(m.Artifact).where(m.Artifact.build_key == key)
-        ):
+        arts = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()
+        if arts and not (_rebuild_asked(s, key) or missing_formats(arts)):
             _finish_builds_from_artifacts(s, key)
             claim.state = "succeeded"
             return ClaimDecision("done")
@@ -83,6 +81,22 @@ def begin_compile(
         return ClaimDecision("run", JobSpec.from_json(job.spec), job.fingerprint)
 
 
+def _rebuild_asked(s: Session, key: str) -> bool:
+    """Whether a build waiting on ``key`` belongs to a ``--rebuild`` job."""
+    return bool(
+        s.scalar(
+            select(func.count())
+            .select_from(m.Build)
+            .join(m.Job)
+            .where(
+                m.Build.build_key == key,
+                m.Build.state.in_(("queued", "running")),
+                m.Job.rebuild.is_(True),
+            )
+        )
+    )
+
+
 @dataclass(frozen=True)
 class NewArtifact:
     digest: str
@@ -108,15 +122,33 @@ def finish_compile(
     artifacts: Sequence[NewArtifact],
     compile_s: float,
     log_text: str | None = None,
-) -> list[ArtifactRecord]:
+) -> list[str]:
     """Commit artifact rows (their blobs are already stored) and finish every
     build waiting on this key. Idempotent: a redelivered task that finds the
-    rows already there only finishes the builds."""
+    rows already there only finishes the builds. A format that has a row
+    keeps it, unless a ``--rebuild`` job waits on the key: then the new
+    artifact takes the row's place (its id, so the versions it serves keep
+    it). Returns the digests of blobs no row names (one replaced, or one
+    stored for a format whose row was kept), for the caller to remove from
+    the store after the commit."""
+    dropped: set[str] = set()
     with db.session() as s:
+        rebuild = _rebuild_asked(s, key)
         for a in artifacts:
             exists = s.scalar(
                 select(m.Artifact).where(m.Artifact.build_key == key, m.Artifact.format == a.format)
             )
+            if exists is not None and exists.digest != a.digest:
+                dropped.add(exists.digest if rebuild else a.digest)
+            if exists is not None and rebuild:
+                # Its statement and measurements are this build's, even
+                # where the bytes came out the same.
+                _replace(exists, a)
+            elif exists is not None:
+                # Kept, but what this compile found about the other formats
+                # (the one it was to add failed, say) is recorded on it: else
+                # every resubmission would take that format for deleted.
+                exists.meta = _with_format_news(exists.meta or {}, a.meta)
             if exists is not None:
                 continue
             s.add(
@@ -153,8 +185,29 @@ def finish_compile(
         if claim is not None:
             claim.state = "succeeded"
         _finish_builds_from_artifacts(s, key, compile_s=compile_s, log_text=log_text)
-        rows = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()
-        return [artifact_to_record(r) for r in rows]
+        s.flush()
+        named = set(s.scalars(select(m.Artifact.digest).where(m.Artifact.digest.in_(dropped))))
+        return sorted(dropped - named)
+
+
+def _with_format_news(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``kept`` (an artifact row's meta) with the formats a later compile of
+    its build key failed or skipped added (a new dict: the column is JSON)."""
+    out = dict(kept)
+    for field in ("formats_failed", "formats_skipped"):
+        if new.get(field):
+            out[field] = {**(out.get(field) or {}), **new[field]}
+    return out
+
+
+def _replace(row: m.Artifact, new: NewArtifact) -> None:
+    """The row now describes ``new``: a rebuild's artifact of the same build
+    key, format and target (so every column derived from those stays)."""
+    row.digest, row.size = new.digest, new.size
+    row.verified, row.first_call_compiles = new.verified, new.first_call_compiles
+    row.max_abs_err, row.first_call_s, row.load_s = new.max_abs_err, new.first_call_s, new.load_s
+    row.meta, row.attestation = new.meta, new.attestation
+    row.created_at = _now()
 
 
 def _finish_builds_from_artifacts(

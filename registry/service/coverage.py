@@ -24,7 +24,7 @@ from registry import resolver
 from registry.db import Database
 from registry.entities import ArtifactRecord
 from registry.service.common import NotFound
-from registry.service.reports import requested
+from registry.service.reports import miss_summary, requested
 from registry.service.views import list_models, version_candidates
 
 # --- pure ---------------------------------------------------------------------
@@ -225,6 +225,12 @@ def version_coverage(db: Database, model: str, version: str | None = None, *,
     aliases = alias_map(db)
     needs = _needs_from_reports(requested(db, model=model, since_s=since_s),
                                 aliases=aliases, with_target=True)
+    # Covered is not served: what nodes reported not getting, per version
+    # (an alias standing for its version now, as for the needs).
+    not_served: dict[str, int] = {}
+    for row in miss_summary(db, model=model, since_s=since_s, limit=100_000):
+        if v := aliases.get((model, row["ref"] or "")) or row["version"]:
+            not_served[v] = not_served.get(v, 0) + row["count"]
     out = []
     for v in versions:
         _, records = version_candidates(db, model, v)
@@ -235,6 +241,7 @@ def version_coverage(db: Database, model: str, version: str | None = None, *,
             "targets": sorted({str(r.target) for r in records}),
             "grad_modes": sorted({r.grad_mode.value for r in records}),
             "uncovered": uncovered(records, [n for n in needs if n.version == v]),
+            "not_served": not_served.get(v, 0),
         })
     return {"model": model, "versions": out}
 

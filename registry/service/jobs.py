@@ -30,6 +30,7 @@ from registry.service.common import (
     _now,
 )
 from registry.service.fleet import _worker_is_live
+from registry.service.formats import missing_formats
 from registry.service.projects import ensure_project
 
 log = logging.getLogger(__name__)
@@ -131,12 +132,13 @@ def _get_or_create_version(s: Session, spec: JobSpec,
 
 def submit_job(
     db: Database, spec: JobSpec, *, targets: Sequence[Target], submitted_by: str | None = None,
-    project: str | None = None,
+    project: str | None = None, rebuild: bool = False,
 ) -> str:
     """Record a job and one pending build per target; returns the job id.
 
     The caller enqueues the trace task only after this has committed, so a
-    worker never sees a job id that is not in the database.
+    worker never sees a job id that is not in the database. ``rebuild``:
+    compile even where the build's artifacts exist, and replace them.
     """
     if not targets:
         raise InvalidRequest("a job needs at least one target")
@@ -153,6 +155,7 @@ def submit_job(
             code_digest=spec.code_digest,
             state="queued",
             submitted_by=submitted_by,
+            rebuild=rebuild,
         )
         s.add(job)
         for t in targets:
@@ -294,22 +297,26 @@ def _apply_trace(s: Session, job: m.Job, report: dict[str, Any]) -> list[Compile
         )
         b.build_key = key
         arts = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()
-        if arts:
+        if arts and not job.rebuild and not missing_formats(arts):
             _link_version(s, job.version_id, arts)
             b.state = "reused"
             b.finished_at = _now()
             _copy_metrics(b, arts)
             continue
+        # No artifact yet; or a format of the build was deleted (the compile
+        # adds it beside the ones kept); or `--rebuild` (the compile replaces
+        # them): a finished claim is opened again for those two.
         b.state = "queued"
         b.queued_at = _now()
-        if _take_claim(s, key, b.target):
+        if _take_claim(s, key, b.target, reopen=bool(arts)):
             dispatch.append(CompileDispatch(key, b.target, Target.parse(b.target).queue))
     _settle_job(job)
     return dispatch
 
 
-def _take_claim(s: Session, key: str, target: str) -> bool:
-    """Insert (or re-open a failed) claim; True when this transaction owns it."""
+def _take_claim(s: Session, key: str, target: str, *, reopen: bool = False) -> bool:
+    """Insert (or re-open a failed) claim; True when this transaction owns it.
+    ``reopen``: a succeeded claim is opened again too (a rebuild)."""
     try:
         with s.begin_nested():
             s.add(m.CompileClaim(build_key=key, target=target, state="queued"))
@@ -317,9 +324,10 @@ def _take_claim(s: Session, key: str, target: str) -> bool:
         return True
     except IntegrityError:
         pass
+    done = ("failed", "succeeded") if reopen else ("failed",)
     res = s.execute(
         update(m.CompileClaim)
-        .where(m.CompileClaim.build_key == key, m.CompileClaim.state == "failed")
+        .where(m.CompileClaim.build_key == key, m.CompileClaim.state.in_(done))
         .values(state="queued", worker=None, updated_at=_now())
     )
     return bool(res.rowcount)  # type: ignore[attr-defined]

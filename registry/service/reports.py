@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import case, func, insert, select
+from sqlalchemy import Select, case, func, insert, select
 
 from registry import models as m
 from registry.db import Database
@@ -43,16 +43,24 @@ def _since(since_s: float | None) -> datetime | None:
     return None if since_s is None else _now() - timedelta(seconds=since_s)
 
 
+_Q = TypeVar("_Q", bound=Select)
+
+
+def _of(q: _Q, *, model: str | None, since_s: float | None) -> _Q:
+    """``q`` narrowed to ``model``'s reports (None: every model) received in
+    the last ``since_s`` seconds (None: ever)."""
+    if model is not None:
+        q = q.where(m.NodeReport.model == model)
+    cutoff = _since(since_s)
+    return q if cutoff is None else q.where(m.NodeReport.received_at >= cutoff)
+
+
 def list_reports(db: Database, *, model: str | None = None,
                  kinds: Iterable[str] = NOT_SERVED, since_s: float | None = None,
                  limit: int = 100) -> list[dict[str, Any]]:
     """The newest reports, newest first."""
     q = select(m.NodeReport).where(m.NodeReport.kind.in_(tuple(kinds)))
-    if model is not None:
-        q = q.where(m.NodeReport.model == model)
-    cutoff = _since(since_s)
-    if cutoff is not None:
-        q = q.where(m.NodeReport.received_at >= cutoff)
+    q = _of(q, model=model, since_s=since_s)
     with db.session() as s:
         rows = s.scalars(q.order_by(m.NodeReport.id.desc()).limit(limit)).all()
         return [_report_json(r) for r in rows]
@@ -77,11 +85,7 @@ def miss_summary(db: Database, *, model: str | None = None, since_s: float | Non
                 func.count(func.distinct(r.node)).label("nodes"),
                 func.max(r.received_at).label("last_at"), func.max(r.reason).label("reason"))
          .where(r.kind.in_(tuple(kinds))))
-    if model is not None:
-        q = q.where(r.model == model)
-    cutoff = _since(since_s)
-    if cutoff is not None:
-        q = q.where(r.received_at >= cutoff)
+    q = _of(q, model=model, since_s=since_s)
     q = q.group_by(*keys).order_by(func.count().desc(), func.max(r.received_at).desc())
     with db.session() as s:
         rows = s.execute(q.limit(limit)).all()
@@ -92,12 +96,20 @@ def miss_summary(db: Database, *, model: str | None = None, since_s: float | Non
             for x in rows]
 
 
+def not_served_count(db: Database, *, model: str | None = None,
+                     since_s: float | None = None) -> int:
+    """How many reports say a node was not served (``NOT_SERVED``): the one
+    notion of a miss the dashboard counts, and the rows its misses page lists."""
+    q = select(func.count()).select_from(m.NodeReport).where(
+        m.NodeReport.kind.in_(NOT_SERVED))
+    q = _of(q, model=model, since_s=since_s)
+    with db.session() as s:
+        return int(s.scalar(q) or 0)
+
+
 def report_counts(db: Database, model: str, *, since_s: float | None = None) -> dict[str, int]:
     """Reports of ``model`` by kind (every kind present, zero when none)."""
-    q = select(m.NodeReport.kind, func.count()).where(m.NodeReport.model == model)
-    cutoff = _since(since_s)
-    if cutoff is not None:
-        q = q.where(m.NodeReport.received_at >= cutoff)
+    q = _of(select(m.NodeReport.kind, func.count()), model=model, since_s=since_s)
     with db.session() as s:
         got = dict(s.execute(q.group_by(m.NodeReport.kind)).all())
     return {k: int(got.get(k, 0)) for k in KINDS}
@@ -112,11 +124,7 @@ def requested(db: Database, *, model: str | None = None, since_s: float | None =
     keys = (r.model, r.ref, r.version, r.inputs, r.grad_mode, r.target)
     served = func.sum(case((r.kind == "load", 1), else_=0)).label("served")
     q = select(*keys, func.count().label("n"), served)
-    if model is not None:
-        q = q.where(r.model == model)
-    cutoff = _since(since_s)
-    if cutoff is not None:
-        q = q.where(r.received_at >= cutoff)
+    q = _of(q, model=model, since_s=since_s)
     with db.session() as s:
         rows = s.execute(q.group_by(*keys).order_by(func.count().desc()).limit(limit)).all()
     return [{"model": x.model, "ref": x.ref, "version": x.version, "inputs": x.inputs,

@@ -55,7 +55,7 @@ def _key(row: m.SigningKey) -> KeyRecord:
 def enroll_key(db: Database, *, name: str, role: str, public_key: str,
                enrolled_by: str | None) -> KeyRecord:
     """Record a public key for the next trust list (idempotent for the same key)."""
-    from farm.core.signing import SigningKeyError, load_public_key, public_key_pem
+    from farm.core.keys import SigningKeyError, load_public_key, public_key_pem
 
     if role not in attest.ROLES:
         raise InvalidRequest(f"unknown role {role!r}; known: {', '.join(attest.ROLES)}")

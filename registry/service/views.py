@@ -102,6 +102,8 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
             "error": job.error,
             "log": job.log,
             "submitted_by": job.submitted_by,
+            # `farm submit --rebuild`: compiled even where artifacts existed.
+            "rebuild": bool(job.rebuild),
             "created_at": _iso(job.created_at),
             "updated_at": _iso(job.updated_at),
             "builds": builds,
@@ -236,13 +238,6 @@ def get_artifact(db: Database, digest: str) -> ArtifactRecord:
         if row is None:
             raise NotFound(f"no artifact {digest}")
         return artifact_to_record(row)
-
-
-def set_signature(db: Database, artifact_id: int, signature: str) -> None:
-    with db.session() as s:
-        row = s.get(m.Artifact, artifact_id)
-        if row is not None and row.signature is None:
-            row.signature = signature
 
 
 def record_miss(

@@ -159,7 +159,7 @@ def bind_version(db: Database, spec: JobSpec, name_key: Path) -> None:
     import json
 
     from farm.core import attest
-    from farm.core.signing import load_or_create_signing_key
+    from farm.core.keys import load_or_create_signing_key
     from registry.service import trust
 
     stmt = attest.version_statement(model=spec.name, version=spec.version,
@@ -347,7 +347,8 @@ def test_resolve_serves_stored_attestations_and_signs_nothing(api: Api) -> None:
     assert best["version"] == "1" and best["target"] == str(CPU)
     assert best["download_url"].endswith(f"/v1/artifacts/{art['digest']}/blob")
     assert best["attestation"] == {"build": None, "version": None, "alias": None}
-    assert "signature" not in best or best["signature"] is None
+    # The legacy per-row signature is gone: the build statement is what nodes check.
+    assert "signature" not in best
     with api.db.session() as s:
         assert s.scalar(select(m.Artifact.attestation)
                         .where(m.Artifact.digest == art["digest"])) is None
@@ -355,7 +356,7 @@ def test_resolve_serves_stored_attestations_and_signs_nothing(api: Api) -> None:
     assert api.post("/v1/jobs", json=spec_json()).status_code == 201
     again = api.get("/v1/resolve", params=resolve_params()).json()["artifact"]["attestation"]
     from farm.core import attest
-    from farm.core.signing import load_public_key
+    from farm.core.keys import load_public_key
 
     name_key = api.get("/v1/keys").json()["name_key"]
     _, payload = attest.verify_envelope(
@@ -573,7 +574,7 @@ def test_auth_disabled_for_embedded_mode(db_url: str, tmp_path: Path) -> None:
 
 
 def test_name_key_from_settings(db_url: str, tmp_path: Path) -> None:
-    from farm.core.signing import generate_keypair
+    from farm.core.keys import generate_keypair
     from registry.api.signer import NameKeyError
 
     private, public = generate_keypair()
@@ -761,3 +762,35 @@ def test_database_outage_answers_503_and_recovers(make_pg_database: Any,
             gen.close()
     finally:
         proxy.close()
+
+
+def test_a_format_that_fails_when_rebuilt_is_not_rebuilt_on_every_submission(api: Api) -> None:
+    """A deleted format is built again once. If that compile cannot make it
+    (its AOTI fails now), the kept artifact records so, and the next
+    submission reuses the build instead of compiling again and again."""
+    art = make_artifact(api.db, api.store, name="again", also=("aot_compile",))
+    service.delete_artifact(api.db, art["digest"])  # the aoti one
+    spec = JobSpec.from_json(spec_json("again", "1"))
+    job_id = service.submit_job(api.db, spec, targets=[CPU])
+    service.start_trace(api.db, job_id)
+    (d,) = service.record_trace(api.db, job_id, {"fingerprint": "f" * 64})
+    assert service.job_view(api.db, job_id)["builds"][0]["state"] == "queued"  # not reused
+    assert service.begin_compile(api.db, d.build_key, worker_id="host:1",
+                                 heartbeat_max_age_s=30).action == "run"
+    info = api.store.put_bytes(os.urandom(2000))
+    failed = {"aoti": {"stage": "compile", "reason": "no C++ compiler"}}
+    unnamed = service.finish_compile(
+        api.db, d.build_key, target=CPU, spec=spec, fingerprint="f" * 64, compile_s=1.0,
+        artifacts=[service.NewArtifact(digest=info.digest, size=info.size, format="aot_compile",
+                                       verified=True, first_call_compiles=False, max_abs_err=0.0,
+                                       first_call_s=0.01, load_s=0.1,
+                                       meta={"formats_failed": failed})])
+    # The kept aot_compile row stays; the new copy's blob is named by no row.
+    assert unnamed == [info.digest]
+    view = service.job_view(api.db, job_id)
+    (build,) = view["builds"]
+    assert build["state"] == "succeeded" and build["formats_failed"] == failed, build
+    again = service.submit_job(api.db, spec, targets=[CPU])
+    service.start_trace(api.db, again)
+    assert service.record_trace(api.db, again, {"fingerprint": "f" * 64}) == []
+    assert service.job_view(api.db, again)["builds"][0]["state"] == "reused"

@@ -259,7 +259,7 @@ def test_a_tampered_trust_list_is_refused(
 ) -> None:
     """The proxy (or a database writer) adds its own builder key to the list."""
     from farm.core import attest
-    from farm.core.signing import generate_keypair
+    from farm.core.keys import generate_keypair
 
     _, mallory = generate_keypair()
 

@@ -352,22 +352,39 @@ def test_the_dashboard_in_a_browser_shows_a_failed_builds_log_and_artifacts(
                 page.screenshot(path=str(shot), full_page=True)
                 shutil.copy(shot, SCREENSHOTS / "dashboard-artifact.png")
 
-                # A node misses a wider batch: the coverage and misses pages show it.
+                # A node misses a wider batch, and another falls back to JIT on
+                # the shape that is built: the coverage and misses pages show both.
                 with farm.http() as c:
                     r = c.post("/v1/reports", json={"node": "dash-node", "reports": [
                         {"kind": "miss", "model": good_name, "ref": "1", "version": "1",
                          "inputs": ["float32[8,16]"], "target": target, "code": "shape",
-                         "reason": "no artifact covers float32[8,16]"}]})
+                         "reason": "no artifact covers float32[8,16]"},
+                        {"kind": "fallback", "model": good_name, "ref": "1", "version": "1",
+                         "inputs": ["float32[2,16]"], "target": target, "code": "load",
+                         "reason": "the artifact did not load"}]})
                     assert r.status_code == 202, r.text
                 page.goto(f"{farm.url}/ui/models/{good_name}/coverage")
                 uncovered = page.locator("table.uncovered")
                 assert "float32[8,16]" in uncovered.inner_text()
                 assert "float32[2,16]" in page.locator("section.coverage table").first.inner_text()
+                # Covered is not served: both reports are counted, and linked.
+                not_served = page.locator("p.not-served")
+                assert "Nodes reported 2 request(s) of this version not served" in (
+                    not_served.inner_text())
+                not_served.locator("a").click()
+                page.wait_for_url(f"**/ui/misses?model={good_name}&since=")
+                listed = page.locator("table.misses").inner_text()
+                assert "the artifact did not load" in listed and "float32[8,16]" in listed
                 shot = tmp_path / "dashboard-coverage.png"
                 page.screenshot(path=str(shot), full_page=True)
                 shutil.copy(shot, SCREENSHOTS / "dashboard-coverage.png")
-                page.click("header nav >> text=Misses")
-                page.wait_for_url("**/ui/misses")
+                # The overview's count is the misses page's total, one click away.
+                page.click("header nav >> text=Overview")
+                card = page.locator("div.card.misses")
+                count = card.locator("b").inner_text()
+                card.locator("a").click()
+                page.wait_for_url("**/ui/misses?since=24h")
+                assert page.locator("p.total b").inner_text() == count
                 misses = page.locator("table.misses").inner_text()
                 assert "no artifact covers float32[8,16]" in misses
 

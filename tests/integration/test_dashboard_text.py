@@ -46,12 +46,14 @@ def test_error_values_read_as_three_digits() -> None:
     assert error_value(2.9802322387695312e-07) == "2.98e-07"
 
 
-def test_the_overview_labels_its_two_kinds_of_miss(db_url: str, tmp_path: Path) -> None:
-    """The API's own resolve misses and what nodes reported not getting are
-    two counts, each saying which; the node reports' one links to the page
-    that lists them, with the same count."""
+def test_the_overview_counts_the_misses_its_page_lists(db_url: str, tmp_path: Path) -> None:
+    """One notion of a miss: what nodes reported not getting. The overview's
+    count covers the period its link opens, and the misses page, the
+    coverage page and `farm coverage` count the same reports."""
+    from datetime import datetime, timedelta, timezone
     from typing import Any, cast
 
+    from registry.service import reports as report_service
     from tests.integration.test_api import CPU as cpu
     from tests.slowdown import scaled
 
@@ -60,15 +62,40 @@ def test_the_overview_labels_its_two_kinds_of_miss(db_url: str, tmp_path: Path) 
         report = {
             "kind": "miss",
             "model": "tiny",
+            "ref": "1",
+            "version": "1",
             "inputs": ["int64[4,32]"],
             "grad_mode": "inference",
             "target": str(cpu),
         }
-        r = api.client.post("/v1/reports", json={"node": "node-a", "reports": [report, report]})
+        # A shape the version covers, and a load (served): the first still counts.
+        covered = {**report, "kind": "fallback", "inputs": ["int64[1,16]"], "code": "load"}
+        served = {**report, "kind": "load", "inputs": ["int64[1,16]"]}
+        r = api.client.post(
+            "/v1/reports", json={"node": "node-a", "reports": [report, report, covered, served]}
+        )
         assert r.status_code in (200, 202), r.text
         assert cast(Any, api.client.app).state.farm.reports.flush(scaled(30))
+        # Two days old: outside the overview's period and the page's default.
+        old = datetime.now(timezone.utc) - timedelta(days=2)
+        report_service.store_reports(
+            api.db, [{**report, "inputs": "int64[9,32]", "received_at": old, "reported_at": old}]
+        )
+
         page = " ".join(api.client.get("/ui/").text.split())
-        assert "resolves that found no artifact (the API's answers)" in page
-        assert '<b>2</b><span><a href="/ui/misses">not served, as nodes reported' in page, page
-        misses = api.client.get("/ui/misses").text
-        assert "<td><b>2</b></td>" in misses
+        assert "resolves that found no artifact" not in page  # the API's own log is gone
+        assert (
+            '<b>3</b><span><a href="/ui/misses?since=24h">not served in the last day, '
+            "as nodes reported"
+        ) in page, page
+        misses = " ".join(api.client.get("/ui/misses?since=24h").text.split())
+        assert "<b>3</b> request(s) not served (last day)." in misses
+        assert "int64[9,32]" not in misses
+        every = " ".join(api.client.get("/ui/misses?since=").text.split())
+        assert "<b>4</b> request(s) not served (all time)." in every
+
+        cov = " ".join(api.client.get("/ui/models/tiny/coverage?since=24h").text.split())
+        # int64[1,16] is covered, yet a node was not served it: the page says so.
+        assert "Nodes reported <b>3</b> request(s) of this version not served" in cov
+        assert 'href="/ui/misses?model=tiny&amp;since=24h"' in cov
+        assert "every request nodes reported for this version is served" not in cov

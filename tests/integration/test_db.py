@@ -206,7 +206,7 @@ def test_artifact_to_record_round_trip(database: Database, target: Target) -> No
             max_abs_err=1e-6,
             first_call_s=0.01,
             load_s=2.3,
-            signature="c2ln",
+            attestation='{"payload": "x"}',
             meta={"compile_s": 15.2},
         )
         s.add(row)
@@ -224,7 +224,8 @@ def test_artifact_to_record_round_trip(database: Database, target: Target) -> No
     assert (record.digest, record.size, record.format) == ("a" * 64, 187_000, "aot_compile")
     assert record.verified is True and record.first_call_compiles is False
     assert (record.max_abs_err, record.first_call_s, record.load_s) == (1e-6, 0.01, 2.3)
-    assert record.signature == "c2ln"
+    assert record.attestation == '{"payload": "x"}'
+    assert "signature" not in record.to_json()
     assert record.meta == {"compile_s": 15.2}
     assert record.created_at is not None and record.created_at.utcoffset() == timedelta(0)
     assert record.to_json()["target_fields"] == target.to_json()

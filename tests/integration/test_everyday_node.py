@@ -9,6 +9,7 @@ Each node is a fresh Python process, as on a fleet.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,48 @@ else:
     assert "do not cover the requested float32[16,64]" in text
     # The shape miss says which dynamic build would serve both.
     assert "float32[8..16,64]" in text
+
+
+TINY_CNN = """
+import torch
+from torch import nn
+
+
+class TinyCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.head(self.conv(x).mean((2, 3)))
+
+
+def make():
+    return TinyCNN()
+"""
+
+
+def test_a_model_that_fails_on_fake_tensors_gets_a_readable_error(
+        built: dict[str, str], tmp_path: Path) -> None:
+    """One channel where the model takes three: the trace (on fake tensors)
+    fails in conv2d. The user reads the op and each argument's dtype and
+    shape, not torch's repr of every fake tensor; the log keeps it whole."""
+    (tmp_path / "tinycnn.py").write_text(TINY_CNN)
+    r = subprocess.run([sys.executable, "-m", "farm.app.cli", "submit", "./tinycnn.py:make",
+                        "--name", "cnn-fake", "--version", "1", "--input", "float32[2,1,28,28]",
+                        "--target", "cpu", "--wait"],
+                       env=built, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "FakeTensor(" not in out, out
+    assert "conv2d" in out and "(*(float32[2,1,28,28], param float32[8,3,3,3], " in out, out
+    assert "check their shapes" in out, out
+    failed = re.search(r"job ([0-9a-f-]{36}) failed", r.stderr)
+    assert failed is not None, r.stderr
+    job = json.loads(_farm_cli(built, "status", failed.group(1), "--json").stdout)
+    # The API's answer (and the dashboard) carry the readable error; the log
+    # keeps torch's message as it was, for whoever debugs torch itself.
+    assert "FakeTensor(" not in job["error"] and "float32[2,1,28,28]" in job["error"]
+    assert "./tinycnn.py" in out or "tinycnn.py" in job["error"]
+    assert "FakeTensor(" in (job["log"] or ""), job["log"]

@@ -389,7 +389,7 @@ def test_blob_changed_on_disk_is_detected_by_api_and_client(
 def test_tampered_or_unsigned_artifact_is_refused(
     faults: FaultFarm, built: dict[str, Any], tmp_path: Path, never_loaded: list[Any]
 ) -> None:
-    from farm.core.signing import generate_keypair
+    from farm.core.keys import generate_keypair
     from farm.node.errors import IntegrityError
 
     with node_client(faults, tmp_path / "node") as client:
@@ -408,6 +408,10 @@ def test_tampered_or_unsigned_artifact_is_refused(
                 del edited[field]
             with pytest.raises(IntegrityError):
                 client.load({**resolved, "artifact": edited})
+            # Fetching alone (farm fetch, prefetch) refuses it too: there is
+            # no switch that takes an artifact without its build statement.
+            with pytest.raises(IntegrityError):
+                client.fetch({**resolved, "artifact": edited})
         assert client.cache.get(art["digest"]) is None  # refused before any download
     # A node that trusts another key refuses the farm's artifacts.
     _, stranger = generate_keypair()

@@ -355,6 +355,8 @@ def test_two_nodes_miss_a_new_shape_one_build_runs_and_the_next_start_hits(
     cov = _cli(env, "coverage", f"{NAME}@1").stdout
     assert f"{NEW_SHAPE} (inference)" in cov and "float32[8,64] (inference)" in cov, cov
     assert "NOT COVERED" not in cov, cov  # what the nodes lacked is built now
+    # Covered now is not served then: the two misses are still counted.
+    assert "nodes reported 2 request(s) not served" in cov, cov
     with farm.http() as h:
         metrics = h.get("/metrics").text
     assert any(line.startswith("farm_node_reports_total{") and f'model="{NAME}"' in line

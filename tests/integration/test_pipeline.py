@@ -168,3 +168,62 @@ def test_training_artifact_gives_eager_gradients(farm: Farm) -> None:
     )
     assert result["max_abs_err"] <= 1e-4, result
     assert result["max_grad_err"] <= 1e-4, result
+
+
+def farm_cli(farm: Farm, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``farm ARGV`` as a user runs it, in a process of its own, against this farm."""
+    return subprocess.run([sys.executable, "-m", "farm.app.cli", *argv], env=farm.env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=scaled(900))
+
+
+def test_a_deleted_format_is_rebuilt_and_rebuild_builds_anew(farm: Farm, tmp_path: Path) -> None:
+    """Deleting one format's artifact leaves the other under the same build
+    key: a resubmission builds the missing format (not "reused"), keeps the
+    other, and `farm fetch --format` gets it again. `farm submit --rebuild`
+    compiles even though nothing is missing, and the new artifacts take the
+    old rows' places. Without either, the build is reused."""
+    submit = ["submit", "farm.zoo.basic:mlp", "--name", "mlp", "--version", "1",
+              "--input", "float32[4,64]", "--target", "cpu", "--wait", "--json"]
+
+    def build_of(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+        assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+        (build,) = json.loads(r.stdout)["builds"]
+        return dict(build)
+
+    # The first test's build (or, run alone, a fresh one).
+    before = {a["format"]: a for a in build_of(farm_cli(farm, *submit))["artifacts"]}
+    assert set(before) == {"aot_compile", "aoti"}
+    r = farm_cli(farm, "delete", "artifact", before["aoti"]["digest"][:8])
+    assert r.returncode == 0, r.stderr
+    fetch = ["fetch", "mlp@1", "--input", "float32[4,64]", "--format", "aoti"]
+    r = farm_cli(farm, *fetch, "-o", str(tmp_path / "gone.pt2"))
+    assert r.returncode == 1 and "rejected (format)" in r.stderr, r.stderr
+
+    again = build_of(farm_cli(farm, *submit))
+    assert again["state"] == "succeeded", again  # compiled, not "reused"
+    after = {a["format"]: a for a in again["artifacts"]}
+    assert set(after) == {"aot_compile", "aoti"}
+    # The format that was there is kept as it was: nodes that have it keep it.
+    assert after["aot_compile"]["digest"] == before["aot_compile"]["digest"]
+    r = farm_cli(farm, *fetch, "-o", str(tmp_path / "back.pt2"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "back.pt2").stat().st_size == after["aoti"]["size"]
+
+    # Nothing missing: reused, no compile.
+    assert build_of(farm_cli(farm, *submit))["state"] == "reused"
+
+    forced = build_of(farm_cli(farm, *submit[:-2], "--rebuild", "--wait", "--json"))
+    assert forced["state"] == "succeeded" and forced["compile_s"] > 0, forced
+    rebuilt = {a["format"]: a for a in forced["artifacts"]}
+    assert set(rebuilt) == {"aot_compile", "aoti"}
+    # The same rows (a version's links stay), each with the new build's
+    # statement; a blob no row names any more is gone from the store.
+    for fmt, art in rebuilt.items():
+        assert art["id"] == after[fmt]["id"]
+        assert art["created_at"] > after[fmt]["created_at"]
+    with farm.http() as c:
+        for fmt, art in after.items():
+            if rebuilt[fmt]["digest"] != art["digest"]:
+                assert c.get(f"/v1/artifacts/{art['digest']}/blob").status_code == 404
+    r = farm_cli(farm, *fetch, "-o", str(tmp_path / "rebuilt.pt2"))
+    assert r.returncode == 0, r.stderr

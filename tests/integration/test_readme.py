@@ -79,7 +79,7 @@ def test_a_pinned_root_key_of_a_reset_farm_says_where_it_is_and_how_to_retrust(
     """The node pinned a root key for this URL on first use, and the farm at
     the URL now has another one (as after a new FARM_HOME on the same port):
     the refusal names the pin and the command; that command fixes it."""
-    from farm.core.signing import generate_keypair
+    from farm.core.keys import generate_keypair
     from farm.node.trust import pin_path
 
     cache = tmp_path / "node-cache"

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from farm.build.provenance import BuildSigner, program_of_spec
 from farm.core import attest
 from farm.core.inputs import parse_inputs
-from farm.core.signing import public_key_pem
+from farm.core.keys import public_key_pem
 from farm.core.specs import CompileOptions, GradMode, JobSpec, ModelRef, build_key
 from farm.core.target import Target
 from farm.node.verify import (

@@ -240,4 +240,5 @@ def test_a_server_command_on_a_node_install_says_what_to_install(
     code, _, err = run_cli(capsys, "serve")
     assert code == 1
     assert err.strip() == ("farm: error: farm serve needs the farm's server packages (no module "
-                           "named 'sqlalchemy' here): pip install 'torch-farm[server]'")
+                           "named 'sqlalchemy' here): pip install torch-farm-server (from a "
+                           "clone: pip install ./server)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from farm.core import attest
-from farm.core.signing import generate_keypair
+from farm.core.keys import generate_keypair
 from registry.api import dashboard_format as fmt
 from registry.api.dashboard import _local_next
 

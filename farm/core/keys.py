@@ -1,52 +1,28 @@
-"""Ed25519 signatures over an artifact's digest and metadata.
+"""Ed25519 keys: made, loaded (objects, PEM text or PEM files) and named.
 
-Loading an artifact unpickles it, which runs code, so a fleet node must know
-the bytes came from the farm before it loads them. The farm signs
-``(digest, metadata)``; a node checks the digest of the bytes it downloaded and
-this signature against the farm's public key, both before unpickling.
-
-The signed message is::
-
-    b"torch-farm-artifact-v1\\n" + digest + b"\\n" + canonical JSON of metadata
-
-The domain prefix keeps a signature made for one purpose from being replayed
-as another; canonical JSON (sorted keys, no whitespace, UTF-8, no NaN) makes
-the signer and verifier agree on bytes whatever order a dict was built in.
-Metadata that travels through JSON (tuples become lists) signs the same.
+The farm's root, builder and name keys sign the attestations nodes check
+(``farm.core.attest``: in-toto statements in DSSE envelopes, and the trust
+list); this module only makes and reads the keys.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import secrets
 from pathlib import Path
-from typing import Any
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
 
-from farm.core.digests import validate_digest
-
 logger = logging.getLogger(__name__)
 
-DOMAIN = b"torch-farm-artifact-v1\n"
-_SIGNATURE_LEN = 64
-
 KeySource = str | bytes | os.PathLike[str]
-
-
-class SignatureInvalid(Exception):
-    """The signature does not prove the farm signed this digest and metadata."""
 
 
 class SigningKeyError(ValueError):
@@ -166,53 +142,3 @@ def load_or_create_signing_key(path: str | os.PathLike[str]) -> Ed25519PrivateKe
             tmp.unlink()
     logger.info("created farm signing key %s at %s", key_id(key), path)
     return key
-
-
-def canonical_message(digest: str, metadata: dict[str, Any]) -> bytes:
-    """The exact bytes that are signed for ``(digest, metadata)``."""
-    validate_digest(digest)
-    body = json.dumps(
-        metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
-    return DOMAIN + digest.encode("ascii") + b"\n" + body.encode("utf-8")
-
-
-def sign_artifact(
-    private_key: Ed25519PrivateKey | KeySource, digest: str, metadata: dict[str, Any]
-) -> str:
-    """A base64 Ed25519 signature over ``(digest, metadata)``."""
-    key = load_private_key(private_key)
-    return base64.b64encode(key.sign(canonical_message(digest, metadata))).decode("ascii")
-
-
-def verify_artifact_signature(
-    public_key: Ed25519PublicKey | Ed25519PrivateKey | KeySource,
-    digest: str,
-    metadata: dict[str, Any],
-    signature: str,
-) -> None:
-    """Return if ``signature`` is the farm's over ``(digest, metadata)``; else raise.
-
-    Raises ``SignatureInvalid`` for a malformed signature or one that does not
-    verify: the bytes, their metadata or the signing key are not what the farm
-    signed, so the artifact must not be loaded.
-    """
-    key = load_public_key(public_key)
-    short = digest[:12] if isinstance(digest, str) else repr(digest)
-    try:
-        raw = base64.b64decode(signature, validate=True)
-    except (binascii.Error, ValueError, TypeError) as e:
-        raise SignatureInvalid(f"artifact sha256:{short}: signature is not base64 ({e})") from e
-    if len(raw) != _SIGNATURE_LEN:
-        raise SignatureInvalid(
-            f"artifact sha256:{short}: signature is {len(raw)} bytes, an Ed25519 "
-            f"signature is {_SIGNATURE_LEN}"
-        )
-    try:
-        key.verify(raw, canonical_message(digest, metadata))
-    except InvalidSignature:
-        raise SignatureInvalid(
-            f"artifact sha256:{short}: signature does not verify under farm key "
-            f"{key_id(key)}; its digest or metadata differ from what was signed, or it "
-            "was signed by another key; refusing it"
-        ) from None
