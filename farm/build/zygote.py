@@ -550,12 +550,12 @@ def main() -> int:
 
     global _PROTO_FD
     slot = sys.argv[1]
-    preload = PRELOADS[sys.argv[2] if len(sys.argv) > 2 else "build"]
+    which = sys.argv[2] if len(sys.argv) > 2 else "build"
+    preload = PRELOADS[which]
     _PROTO_FD = os.dup(1)
     os.dup2(2, 1)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE, 0
-    which = sys.argv[2] if len(sys.argv) > 2 else "build"
     # Inductor's and cpp_extension's imports ask torch.cuda.is_available(); its
     # default answer (cudaGetDeviceCount) starts the CUDA driver, and torch then
     # refuses CUDA in every fork. NVML answers without it (as in the node

@@ -153,14 +153,19 @@ def finish_compile(
         claim = s.get(m.CompileClaim, key)
         if claim is not None:
             claim.state = "succeeded"
-        _finish_builds_from_artifacts(s, key, compile_s=compile_s, log_text=log_text,
-                                      timings=timings)
+        _finish_builds_from_artifacts(
+            s, key, compile_s=compile_s, log_text=log_text, timings=timings
+        )
         rows = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()
         return [artifact_to_record(r) for r in rows]
 
 
 def _finish_builds_from_artifacts(
-    s: Session, key: str, *, compile_s: float | None = None, log_text: str | None = None,
+    s: Session,
+    key: str,
+    *,
+    compile_s: float | None = None,
+    log_text: str | None = None,
     timings: dict[str, Any] | None = None,
 ) -> None:
     arts = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()
@@ -204,8 +209,14 @@ def release_claim(db: Database, key: str, *, worker_id: str) -> bool:
         return True
 
 
-def fail_compile(db: Database, key: str, *, error: str, log_text: str | None = None,
-                 timings: dict[str, Any] | None = None) -> None:
+def fail_compile(
+    db: Database,
+    key: str,
+    *,
+    error: str,
+    log_text: str | None = None,
+    timings: dict[str, Any] | None = None,
+) -> None:
     with db.session() as s:
         claim = s.get(m.CompileClaim, key)
         if claim is not None:
