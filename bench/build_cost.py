@@ -93,8 +93,10 @@ def compile_once(job: JobSpec, *, device: str, store: DirCacheStore, ns: str,
     # torch.compile's own seconds in the child (farm.build.compile), without
     # the Python start, the imports and the fingerprint check around it.
     torch_s = sum(float(a["meta"].get("compile_s") or 0) for a in res.value["artifacts"])
+    aot_cache = ",".join(sorted({str(a["meta"].get("aot_autograd_cache", "-"))
+                                 for a in res.value["artifacts"]}))
     return {"s": wall, "torch_s": torch_s, "overhead_s": overhead, "warm": res.warm,
-            "stages": res.stages, **cache.stats}
+            "stages": res.stages, "aot_cache": aot_cache, **cache.stats}
 
 
 def fingerprint(job: JobSpec, *, timeout_s: float) -> tuple[str, float]:
@@ -146,6 +148,11 @@ def main() -> None:
         (f"one of {args.layers} layers changed", spec(**base, changed=args.layers // 2 - 1,
                                                        version="2")),
         ("new input shape", spec(**{**base, "batch": args.batch * 2})),
+        # Another build key for the very graph of the cold case (skipping the
+        # guard check is an option of the key and of the loader, not of the
+        # graph): torch's AOTAutograd cache answers it (farm.build.graph_identity).
+        ("same graph, new build key", spec(**{**base, "options": {
+            **options, "disable_guard_check": True}})),
     ]
     lines = [
         f"# bench/build_cost.py {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -181,7 +188,8 @@ def main() -> None:
                     f"{r['torch_s']:>8.1f} {r['torch_s'] / cold_torch:>8.0%} "
                     f"{r['prefilled']:>9} {r['shared']:>7}")
             how = "warm" if r["warm"] else "fresh"
-            split = f"{'':4}{how} child: {describe(r['stages'])}"
+            split = (f"{'':4}{how} child, AOTAutograd cache {r['aot_cache']}: "
+                     f"{describe(r['stages'])}")
             if r["overhead_s"] > 1.0:
                 split += f"; before the child: {r['overhead_s']:.1f} s (the zygote's start)"
             print(line, split, sep="\n", flush=True)
