@@ -1,7 +1,7 @@
 """What a build costs when the target's shared compile cache is warm (issue 18).
 
 Runs the compile worker's compile step directly, no farm servers: each build is
-``farm.build.steps:compile_step`` in a fresh sandboxed child, with the cache
+``farm.build.steps:compile_step`` in a sandboxed child, with the cache
 wiring of ``workers.tasks`` (``farm.build.compile_cache``: the worker prefills
 the child's Inductor/Triton cache directories from the target's namespace and
 harvests what it added), over a directory store, so it needs no Redis.
@@ -12,6 +12,9 @@ Cases, each after the ones before it (the store keeps what they compiled):
   second mode             the same model, grad mode training (or --second-mode)
   one of 16 layers        a new version whose layer 7 uses SiLU instead of GELU
   new input shape         the batch doubled
+  same graph, new key     the cold case's graph under another build key
+                          (disable_guard_check): torch's AOTAutograd cache
+                          answers it (farm.build.graph_identity)
   identical resubmission  the farm traces again and finds the same build key, so
                           it links the existing artifact: no compile. Checked
                           here by tracing both in fresh children and comparing
