@@ -386,6 +386,9 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
             _harvest(cache)
         logs.append(f"compile cache: {cache.stats}")
     first_meta = taken[0].meta
+    outcome = first_meta.get("aot_autograd_cache")
+    if outcome in ("hit", "miss", "bypass"):  # the child's word, shown as such
+        logs.append(f"AOTAutograd cache (as the compile child saw it): {outcome}")
     logs += [f"{fmt} FAILED at compile: {why['reason']}"
              for fmt, why in (first_meta.get("formats_failed") or {}).items()]
     logs += [f"no {fmt}: {why}"
