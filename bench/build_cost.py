@@ -1,7 +1,7 @@
 """What a build costs when the target's shared compile cache is warm (issue 18).
 
 Runs the compile worker's compile step directly, no farm servers: each build is
-``farm.build.steps:compile_step`` in a fresh sandboxed child, with the cache
+``farm.build.steps:compile_step`` in a sandboxed child, with the cache
 wiring of ``workers.tasks`` (``farm.build.compile_cache``: the worker prefills
 the child's Inductor/Triton cache directories from the target's namespace and
 harvests what it added), over a directory store, so it needs no Redis.
@@ -12,17 +12,27 @@ Cases, each after the ones before it (the store keeps what they compiled):
   second mode             the same model, grad mode training (or --second-mode)
   one of 16 layers        a new version whose layer 7 uses SiLU instead of GELU
   new input shape         the batch doubled
+  same graph, new key     the cold case's graph under another build key
+                          (disable_guard_check): torch's AOTAutograd cache
+                          answers it (farm.build.graph_identity)
   identical resubmission  the farm traces again and finds the same build key, so
                           it links the existing artifact: no compile. Checked
                           here by tracing both in fresh children and comparing
                           build keys (farm.core.specs.build_key)
 
-Printed: the compile child's wall seconds (Python start and torch import
-included), the ratio to cold, entries prefilled and shared. aot_compile only:
+Printed: the compile child's wall seconds (its start and imports included),
+the ratio to cold, entries prefilled and shared, and under each case the
+child's own split of its seconds (``farm.build.stage_times``). By default each
+child forks from a warm build zygote, with its build directory in the
+zygote's slot, as a compile worker runs it (``farm.build.zygote``; the
+zygote's own start, once per worker process, is printed apart);
+``--fresh`` starts every child as a new interpreter. ``--graph-check`` adds
+the fingerprint check a worker's child runs (a second trace). aot_compile only:
 AOTI packages are compiled in a fresh cache on purpose (reproducible bytes,
 farm.build.aoti_support) and so gain nothing.
 
     .venv/bin/python bench/build_cost.py                  # CPU
+    .venv/bin/python bench/build_cost.py --fresh          # CPU, no warm child
     .venv/bin/python bench/build_cost.py --device cuda    # the H200
 """
 
@@ -42,8 +52,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from farm.build import zygote  # noqa: E402
 from farm.build.compile_cache import CacheSession, DirCacheStore, namespace  # noqa: E402
 from farm.build.sandbox import build_isolation, run_isolated  # noqa: E402
+from farm.build.stage_times import describe  # noqa: E402
 from farm.build.steps import compile_env  # noqa: E402
 from farm.core.specs import JobSpec, build_key  # noqa: E402
 
@@ -61,7 +73,7 @@ def spec(*, layers: int, width: int, batch: int, changed: int = -1,
 
 def compile_once(job: JobSpec, *, device: str, store: DirCacheStore, ns: str,
                  work: Path, timeout_s: float, env: dict[str, str] | None = None,
-                 ) -> dict[str, Any]:
+                 warm: bool = True, fingerprint: str | None = None) -> dict[str, Any]:
     work.mkdir(parents=True)
     cache = CacheSession(store, ns, work)
     cache.prefill()
@@ -69,10 +81,14 @@ def compile_once(job: JobSpec, *, device: str, store: DirCacheStore, ns: str,
     res = run_isolated(
         "farm.build.steps:compile_step",
         {"spec": job.to_json(), "device": device, "out_dir": str(work / "out"),
-         "aoti_unavailable": "bench/build_cost.py measures aot_compile"},
+         "aoti_unavailable": "bench/build_cost.py measures aot_compile",
+         **({"fingerprint": fingerprint} if fingerprint else {})},
         timeout_s=timeout_s, memory_mb=16000, env_extra={**compile_env(work), **(env or {})},
-        isolation=build_isolation(writable=(str(work),), mode="auto"))
-    wall = time.perf_counter() - t0
+        isolation=build_isolation(writable=(str(work),), mode="auto"), warm=warm)
+    # The child's own wall time; what run_isolated spent before it (a
+    # zygote's start, once per worker process) is reported apart.
+    wall = res.wall_s
+    overhead = time.perf_counter() - t0 - wall
     if not res.ok:
         raise SystemExit(f"compile failed: {res.error_type}: {res.error}\n{res.stderr_tail}")
     cache.harvest()
@@ -80,7 +96,10 @@ def compile_once(job: JobSpec, *, device: str, store: DirCacheStore, ns: str,
     # torch.compile's own seconds in the child (farm.build.compile), without
     # the Python start, the imports and the fingerprint check around it.
     torch_s = sum(float(a["meta"].get("compile_s") or 0) for a in res.value["artifacts"])
-    return {"s": wall, "torch_s": torch_s, **cache.stats}
+    aot_cache = ",".join(sorted({str(a["meta"].get("aot_autograd_cache", "-"))
+                                 for a in res.value["artifacts"]}))
+    return {"s": wall, "torch_s": torch_s, "overhead_s": overhead, "warm": res.warm,
+            "stages": res.stages, "aot_cache": aot_cache, **cache.stats}
 
 
 def fingerprint(job: JobSpec, *, timeout_s: float) -> tuple[str, float]:
@@ -107,6 +126,11 @@ def main() -> None:
     ap.add_argument("--precompiled-headers", action="store_true",
                     help="let the children build torch's precompiled header, as builds "
                          "did before (farm.build.steps.compile_env turns it off)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="start every compile child as a new interpreter (no warm zygote)")
+    ap.add_argument("--graph-check", action="store_true",
+                    help="pass each build's fingerprint, so the child checks its graph "
+                         "(a second trace) as a worker's child does")
     ap.add_argument("--timeout-s", type=float, default=1800)
     ap.add_argument("--out", type=Path, help="also write the table here")
     args = ap.parse_args()
@@ -127,6 +151,11 @@ def main() -> None:
         (f"one of {args.layers} layers changed", spec(**base, changed=args.layers // 2 - 1,
                                                        version="2")),
         ("new input shape", spec(**{**base, "batch": args.batch * 2})),
+        # Another build key for the very graph of the cold case (skipping the
+        # guard check is an option of the key and of the loader, not of the
+        # graph): torch's AOTAutograd cache answers it (farm.build.graph_identity).
+        ("same graph, new build key", spec(**{**base, "options": {
+            **options, "disable_guard_check": True}})),
     ]
     lines = [
         f"# bench/build_cost.py {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -139,25 +168,35 @@ def main() -> None:
         "# build s: the compile child's wall time; torch s: torch.compile's part of it; "
         f"precompiled headers {'on' if args.precompiled_headers else 'off'}; load average "
         f"{os.getloadavg()[0]:.1f} at the start",
+        f"# children: {'new interpreters (--fresh)' if args.fresh else 'forked from a warm zygote'}"
+        f"; graph check {'on' if args.graph_check else 'off'}",
         f"{'case':<32} {'build s':>8} {'vs cold':>8} {'torch s':>8} {'vs cold':>8} "
         f"{'prefilled':>9} {'shared':>7}",
     ]
     print("\n".join(lines), flush=True)
-    with tempfile.TemporaryDirectory(prefix="build-cost-") as tmp:
+    work_root = None if args.fresh else zygote.work_dir()
+    with tempfile.TemporaryDirectory(prefix="build-cost-", dir=work_root) as tmp:
         store = DirCacheStore(Path(tmp) / "store")
         ns = namespace(target, "bench")
         cold_s = cold_torch = 0.0
         env = ({"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1"}
                if args.precompiled_headers else None)
         for i, (name, job) in enumerate(cases):
+            fp = fingerprint(job, timeout_s=args.timeout_s)[0] if args.graph_check else None
             r = compile_once(job, device=args.device, store=store, ns=ns,
-                             work=Path(tmp) / f"b{i}", timeout_s=args.timeout_s, env=env)
+                             work=Path(tmp) / f"b{i}", timeout_s=args.timeout_s, env=env,
+                             warm=not args.fresh, fingerprint=fp)
             cold_s, cold_torch = cold_s or r["s"], cold_torch or r["torch_s"]
             line = (f"{name:<32} {r['s']:>8.1f} {r['s'] / cold_s:>8.0%} "
                     f"{r['torch_s']:>8.1f} {r['torch_s'] / cold_torch:>8.0%} "
                     f"{r['prefilled']:>9} {r['shared']:>7}")
-            print(line, flush=True)
-            lines.append(line)
+            how = "warm" if r["warm"] else "fresh"
+            split = (f"{'':4}{how} child, AOTAutograd cache {r['aot_cache']}: "
+                     f"{describe(r['stages'])}")
+            if r["overhead_s"] > 1.0:
+                split += f"; before the child: {r['overhead_s']:.1f} s (the zygote's start)"
+            print(line, split, sep="\n", flush=True)
+            lines += [line, split]
         # Identical resubmission: the registry dedupes on the build key.
         keys, trace_s = [], []
         for _ in range(2):

@@ -122,7 +122,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             times.append(time.perf_counter() - t)
         return statistics.median(times)
 
+    from farm.build import stage_times
+
     return {
+        # The same compile split into exclusive stages (farm.build.stage_times),
+        # as a build's log shows them.
+        "stages": stage_times.snapshot(),
         # Where the compile went: Dynamo's bytecode tracing (what regions
         # shorten: the block is traced once), and the backend (AOTAutograd,
         # Inductor's lowering and its kernel builds: C++ files on CPU).
@@ -218,6 +223,13 @@ def main() -> None:
                         f"(goal within {GOAL_STEADY:.0%}: "
                         f"{'met' if abs(delta) <= GOAL_STEADY else 'NOT met'})")
         say(f"{'':20}regional blocks: {regional['regional']}")
+        if ROOT not in sys.path:
+            sys.path.insert(0, ROOT)
+        from farm.build.stage_times import describe
+
+        for r in (full, regional):
+            if r.get("stages"):
+                say(f"{'':20}{r['mode']} stages: {describe(r['stages'])}")
     say()
     for v in verdicts:
         say(v)

@@ -239,6 +239,9 @@ class Build(Base):
     first_call_compiles: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     log: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Where a finished build's seconds went ({"worker": {stage: s}, "child":
+    # {stage: s}, "warm": bool}; workers.build_timings): the job page's table.
+    timings: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # What a running build is doing now (compiling, verifying aoti, storing),
     # and since when: a build takes minutes, and `farm status` says which part.
     stage: Mapped[str | None] = mapped_column(String(64), nullable=True)

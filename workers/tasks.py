@@ -36,6 +36,7 @@ from registry.db import DatabaseUnavailable
 from registry.service.cache import cache_salt
 from workers import context
 from workers.app import app
+from workers.build_timings import BuildTimings
 from workers.routing import COMPILE_TASK, TRACE_TASK
 from workers.timing import FINISH_WAIT_S, DeadlineExceeded, deadline
 
@@ -232,11 +233,13 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
 
     db = context.database()
     s = context.settings()
+    clock = BuildTimings()
     # In this worker's zygote slot (farm.build.zygote): the build's children
     # then fork from a warm, sandboxed interpreter instead of importing torch.
     with tempfile.TemporaryDirectory(prefix="farm-build-", dir=zygote.work_dir()) as tmp:
         try:
-            with deadline(s.farm_code_fetch_timeout_s, "fetching the job's code"):
+            with (deadline(s.farm_code_fetch_timeout_s, "fetching the job's code"),
+                  clock.stage("code fetch")):
                 paths = _code_paths(spec)
             isolation = build_isolation(writable=(tmp,), what=f"build {build_key[:12]}")
         except (CodeUnavailable, SandboxUnavailable) as exc:
@@ -252,7 +255,8 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
         out_dir = Path(tmp) / "out"
         # Before the sandbox: the child compiles in caches this worker filled
         # from the target's shared store; it never reaches the store itself.
-        cache = _shared_cache(target, Path(tmp), model=spec.name, project=spec.project)
+        with clock.stage("cache prefill"):
+            cache = _shared_cache(target, Path(tmp), model=spec.name, project=spec.project)
         _stage(db, build_key, "compiling")
         res = run_isolated(
             "farm.build.steps:compile_step",
@@ -268,10 +272,12 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
             isolation=isolation,
         )
         compile_s = time.monotonic() - t0
+        clock.child_ran(res.wall_s, res.stages, warm=res.warm)
         if not res.ok:
             head, full = _sandbox_error(res)
             service.fail_compile(db, build_key, error=_with_hint(head, res, paths),
-                                 log_text=full)
+                                 log_text="\n".join([full, *clock.log_lines()]),
+                                 timings=clock.to_json())
             return
         # Untrusted, like everything the child wrote (farm.build.child_output):
         # from here on only the worker's own copies of its bytes are used.
@@ -287,7 +293,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
                 return
             _verify_and_store(build_key, target, spec, fingerprint, taken, compile_s=compile_s,
                               paths=paths, isolation=isolation, cache=cache,
-                              limits=res.limits)
+                              limits=res.limits, clock=clock)
         finally:
             shutil.rmtree(taken_dir, ignore_errors=True)
 
@@ -295,7 +301,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
 def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint: str,
                       taken: list[TakenArtifact], *, compile_s: float, paths: list[str],
                       isolation: Isolation | None, cache: CacheSession | None,
-                      limits: str = "") -> None:
+                      limits: str = "", clock: BuildTimings | None = None) -> None:
     """Verify, upload and sign the worker's copies of a build's artifacts."""
     from farm.build import provenance
     from farm.build.verify import verify_artifact
@@ -303,6 +309,7 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
     db = context.database()
     store = context.blob_store()
     s = context.settings()
+    clock = clock if clock is not None else BuildTimings()
     new: list[service.NewArtifact] = []
     logs: list[str] = [f"compiled in {compile_s:.1f} s; limits: {limits}"]
     failures: list[str] = []
@@ -313,20 +320,21 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
         _stage(db, build_key, f"verifying {art.format}")
         # Verification runs the model's code too (its factory and forward):
         # the same limits as the compile, not the verifier's generous defaults.
-        report = verify_artifact(
-            spec,
-            art.path,
-            art.format,
-            device=target.device,
-            timeout_s=s.build_timeout_s,
-            memory_mb=s.build_memory_mb,
-            import_paths=paths,
-            isolation=isolation,
-            # The verifier checks its real module against the weights'
-            # manifest, as a node will (a fake-weight build has no guards
-            # on them); it, not the compile child, holds the real weights.
-            weights_manifest=art.meta.get("weights_manifest"),
-        )
+        with clock.stage(f"verify {art.format}"):
+            report = verify_artifact(
+                spec,
+                art.path,
+                art.format,
+                device=target.device,
+                timeout_s=s.build_timeout_s,
+                memory_mb=s.build_memory_mb,
+                import_paths=paths,
+                isolation=isolation,
+                # The verifier checks its real module against the weights'
+                # manifest, as a node will (a fake-weight build has no guards
+                # on them); it, not the compile child, holds the real weights.
+                weights_manifest=art.meta.get("weights_manifest"),
+            )
         logs.append(f"verify {art.format}: {report.summary()}")
         if not report.ok:
             # One format failing (say an AOTI package) must not throw away
@@ -338,7 +346,8 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
             continue
         # Blob first, row second: a row never points at a missing blob.
         _stage(db, build_key, f"storing {art.format}")
-        with deadline(s.farm_upload_timeout_s, f"storing the {art.format} artifact"):
+        with (deadline(s.farm_upload_timeout_s, f"storing the {art.format} artifact"),
+              clock.stage("store")):
             info = store.put_file(art.path)
         if (info.digest, info.size) != (art.sha256, art.size):
             # The copy is the worker's, read-only: something changed it after it
@@ -372,15 +381,20 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
             db,
             build_key,
             error="; ".join(failures) or "the compile produced no artifact",
-            log_text="\n".join(logs),
+            log_text="\n".join([*logs, *clock.log_lines()]),
+            timings=clock.to_json(),
         )
         return
     logs += [f"dropped: {f}" for f in failures]
     if cache is not None:
         # Only a build with a verified artifact adds to the shared cache.
-        _harvest(cache)
+        with clock.stage("cache share"):
+            _harvest(cache)
         logs.append(f"compile cache: {cache.stats}")
     first_meta = taken[0].meta
+    outcome = first_meta.get("aot_autograd_cache")
+    if outcome in ("hit", "miss", "bypass"):  # the child's word, shown as such
+        logs.append(f"AOTAutograd cache (as the compile child saw it): {outcome}")
     logs += [f"{fmt} FAILED at compile: {why['reason']}"
              for fmt, why in (first_meta.get("formats_failed") or {}).items()]
     logs += [f"no {fmt}: {why}"
@@ -388,6 +402,7 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
     if verify_failed:
         for a in new:
             a.meta.setdefault("formats_failed", {}).update(verify_failed)
+    logs += clock.log_lines()
     # The blobs are stored: a database blip now must not throw the build
     # away and compile it again, so the commit waits for the database
     # (bounded) before the task's own retry takes over.
@@ -405,6 +420,7 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
                 artifacts=new,
                 compile_s=compile_s,
                 log_text="\n".join(logs),
+                timings=clock.to_json(),
             )
     for digest in unnamed:
         # A rebuild's replaced artifact, or a kept format's new copy: no row

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from farm.build import stage_times
 from farm.build.aoti_compile import compile_aoti
 from farm.build.aoti_support import cxx_identity
 from farm.build.compile_common import AOTIUnsupported, CompileError, ModelDoesNotFit, mode_options
@@ -70,6 +71,7 @@ from farm.build.fake_weights import (
     fake_inputs,
     manifest_of,
 )
+from farm.build.graph_identity import aot_cache_outcome, stable_graph_id
 from farm.build.guards import GuardPolicy, global_state
 from farm.build.weightless import build_for_compile
 from farm.core.cpu_isa import detect_cpu_isa
@@ -205,7 +207,8 @@ def compile_artifacts(
     out_dir.mkdir(parents=True, exist_ok=True)
     enable_aot_compile()
     device = torch.device(target_device)
-    model, weights = build_for_compile(spec, device)
+    with stage_times.stage(stage_times.MODEL):
+        model, weights = build_for_compile(spec, device)
     if weights.mode == WEIGHTS_FAKE and FORMAT_AOTI in wanted:
         why = ("no AOTI package from a fake-weight build: torch.export of FakeTensor weights "
                "is not tried yet; the aot_compile artifact is the build")
@@ -248,9 +251,10 @@ def compile_artifacts(
             # graph computes mesh coordinates at run time (any rank loads it).
             common["parallel"] = {**spec.options.parallel.to_json(), "compile_on_one_rank": True,
                                   "built_as": "rank 0 of a fake process group"}
-        if device.type == "cpu":
-            common["cpu_isa"] = detect_cpu_isa()
-        common["cxx"] = cxx_identity()
+        with stage_times.stage(stage_times.TOOLCHAIN):
+            if device.type == "cpu":
+                common["cpu_isa"] = detect_cpu_isa()
+            common["cxx"] = cxx_identity()
         out: list[CompiledArtifact] = []
         first_failure: Exception | None = None
         for fmt in wanted:
@@ -260,7 +264,8 @@ def compile_artifacts(
                 if fmt == FORMAT_AOT_COMPILE:
                     meta = compile_aot(spec, model, device, path, weights=weights, kernels=kernels)
                 else:
-                    meta = compile_aoti(spec, model, device, path)
+                    with stage_times.stage(stage_times.AOTI):
+                        meta = compile_aoti(spec, model, device, path)
             except AOTIUnsupported as exc:
                 if explicit:
                     raise
@@ -423,7 +428,8 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
     tune = device.type == "cuda" and not fake
     with grad_context(spec.grad_mode), _regional(spec, model) as regions:
         try:
-            with native_phase("tracing and lowering the model (torch aot_compile)"):
+            with (native_phase("tracing and lowering the model (torch aot_compile)"),
+                  stage_times.torch_phases(), stable_graph_id(), aot_cache_outcome() as cache):
                 compiled_fn = aot((args, kwargs))
         except Exception as exc:
             if not fake:
@@ -436,22 +442,25 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
         trace_compile_s = time.perf_counter() - t0
         imported = _module_globals_as_imports(compiled_fn)
         external = external_objects(spec.model, model)
-        if external:
-            # Saved as references by name; the node passes its own at load.
-            compiled_fn.save_compiled_function(str(path), external_data=external)
-        else:
-            compiled_fn.save_compiled_function(str(path))
+        with stage_times.stage(stage_times.SAVE):
+            if external:
+                # Saved as references by name; the node passes its own at load.
+                compiled_fn.save_compiled_function(str(path), external_data=external)
+            else:
+                compiled_fn.save_compiled_function(str(path))
         configs: list[Path] = []
         if tune:
             t1 = time.perf_counter()
-            with native_phase("running the compiled kernels once (warm-up, autotuning)"):
+            with (native_phase("running the compiled kernels once (warm-up, autotuning)"),
+                  stage_times.stage(stage_times.WARM_UP)):
                 warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
             configs = list(cache_root.rglob("*.best_config"))
             log.info("tuned %d kernels on the target in %.1f s", len(configs),
                      time.perf_counter() - t1)
         elif kernels is not None:
             try:
-                with native_phase("running the compiled kernels once (CPU warm-up)"):
+                with (native_phase("running the compiled kernels once (CPU warm-up)"),
+                      stage_times.stage(stage_times.WARM_UP)):
                     warm_up(compiled_fn, args, spec.grad_mode, kwargs=kwargs)
             except Exception as exc:  # the artifact stands; nodes compile the kernels
                 log.warning("CPU warm-up failed, no kernels shipped: %s", exc)
@@ -463,8 +472,9 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
 
         bundle_meta["cpp_compiler"] = get_cpp_compiler()
         bundle_meta["precompiled_headers"] = bool(inductor_config.cpp_cache_precompile_headers)
-    shipped = write_bundle(path, cache_root, {"autotune/": configs, "kernels/": kernels or []},
-                           meta=bundle_meta)
+    with stage_times.stage(stage_times.SAVE):
+        shipped = write_bundle(path, cache_root, {"autotune/": configs,
+                                                  "kernels/": kernels or []}, meta=bundle_meta)
     return {
         # Kernels whose autotuning result ships inside the artifact.
         "autotune_configs": shipped["autotune/"],
@@ -481,6 +491,8 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
         # How the loaded function is called: the module first, then the inputs.
         "calling_convention": "module" if isinstance(model, nn.Module) else "function",
         "trace_and_lower_s": round(trace_compile_s, 3),
+        # Whether torch's AOTAutograd cache answered the compile (farm.build.graph_identity).
+        "aot_autograd_cache": cache.get("outcome", "unknown"),
         "guards": policy.summary,
         # regional: the block classes compiled once each as nested compile
         # regions, with their instance counts.

@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.build import cgroup_limits, memory_budget, uid_slots, zygote
+from farm.build import cgroup_limits, memory_budget, stage_times, uid_slots, zygote
 from farm.build.child_env import allowed_env, sandbox_user, scrubbed_env
 from farm.build.crash_site import crash_site
 from farm.build.isolation import (
@@ -115,6 +115,12 @@ class SandboxResult:
     peak_rss_sum_mb: float = 0.0
     # Which limits applied, for the build log ("kernel: cgroup ..." or the watchdog).
     limits: str = ""
+    # Where the child's seconds went (farm.build.stage_times): what the child
+    # reported, kept only as far as the worker's checks allow (from_child),
+    # with "child start" measured from the worker's request.
+    stages: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Forked from a warm zygote (farm.build.zygote), not a new interpreter.
+    warm: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,8 +200,13 @@ def run_isolated(
             forked = _run_in_zygote(target, payload, timeout_s=timeout_s, memory_mb=memory_mb,
                                     cwd=cwd, child_env=child_env, paths=paths,
                                     farm_root=farm_root, isolation=isolation)
-            if forked is not None:
+            if forked is not None and not _cuda_refused_in_fork(forked):
                 return forked
+            if forked is not None:
+                # A check the zygote passed and torch still refused: this
+                # worker's builds start fresh from now on, this one again.
+                log.warning("a forked build child could not use CUDA: children start fresh")
+                zygote.ZYGOTES.disable()
     # A uid of its own while it runs (farm.build.uid_slots): its process limit
     # is its own, and no other build's processes share its uid.
     lease = uid_slots.take() if isolation is not None else None
@@ -207,6 +218,13 @@ def run_isolated(
     finally:
         if lease is not None:
             lease.release()
+
+
+def _cuda_refused_in_fork(res: SandboxResult) -> bool:
+    """torch refused CUDA in a forked child ("Cannot re-initialize CUDA in
+    forked subprocess"): the child ran nothing of the model's on the GPU."""
+    return (not res.ok and res.warm
+            and "forked subprocess" in f"{res.error or ''}\n{res.stderr_tail}")
 
 
 def _max_procs() -> int:
@@ -250,7 +268,7 @@ def _run_fresh(target: str, payload: Mapping[str, Any], *, timeout_s: float, mem
                 raise SandboxUnavailable(str(exc)) from exc
             argv = cg.wrap(argv)
             watch_mb = memory_mb * cgroup_limits.WATCHDOG_SLACK  # the kernel acts first
-        t0 = time.monotonic()
+        t0, asked = time.monotonic(), time.time()
         with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
             try:
                 proc = subprocess.Popen(
@@ -285,7 +303,7 @@ def _run_fresh(target: str, payload: Mapping[str, Any], *, timeout_s: float, mem
             watch.culprits = "the kernel's memory.max of its cgroup (its processes and its tmpfs)"
         res = _finish(tmpdir, proc.returncode, watch, time.monotonic() - t0,
                       timeout_s=timeout_s, memory_mb=memory_mb,
-                      bwrap_status=isolation is not None)
+                      bwrap_status=isolation is not None, asked_at=asked)
         res.limits = _limits(cg, memory_mb, isolation)
         return res
 
@@ -341,7 +359,7 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
         env = {**child_env, "PYTHONPATH": os.pathsep.join(dict.fromkeys([*copies, *tail])),
                **user}
         work = str(Path(cwd).resolve()) if cwd else str(io_dir)
-        t0 = time.monotonic()
+        t0, asked = time.monotonic(), time.time()
         child = z.fork({"target": target, "tmpdir": str(io_dir), "argv0": __file__,
                         "stdout": str(io_dir / "stdout"), "stderr": str(io_dir / "stderr"),
                         "env": env, "cwd": work, "paths": copies})
@@ -350,8 +368,10 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
         if watch.timed_out or watch.oom:
             z.dirty = True  # the sandbox goes with the child it could not stop
         res = _finish(io_dir, child.returncode, watch, time.monotonic() - t0,
-                      timeout_s=timeout_s, memory_mb=memory_mb, bwrap_status=False)
+                      timeout_s=timeout_s, memory_mb=memory_mb, bwrap_status=False,
+                      asked_at=asked)
         res.limits = _limits(None, memory_mb, dataclasses.replace(isolation, uid=z.uid))
+        res.warm = True
         changed = [p for p, d in before.items() if _digest(p) != d]
         if changed:
             res.ok = False
@@ -371,8 +391,11 @@ def _digest(path: str) -> str | None:
 
 
 def _finish(tmpdir: Path, rc: int | None, watch: Watch, wall: float, *, timeout_s: float,
-            memory_mb: float, bwrap_status: bool) -> SandboxResult:
-    """The child's end, its output's tails and its result file, as a result."""
+            memory_mb: float, bwrap_status: bool, asked_at: float | None = None
+            ) -> SandboxResult:
+    """The child's end, its output's tails and its result file, as a result.
+    ``asked_at``: the worker's clock (``time.time()``) when it started or
+    forked the child, for the child's start-up time."""
     out_path, err_path = tmpdir / "stdout", tmpdir / "stderr"
     res = SandboxResult(
         ok=False,
@@ -411,11 +434,28 @@ def _finish(tmpdir: Path, rc: int | None, watch: Watch, wall: float, *, timeout_
         res.error = data.get("error")
         res.traceback = data.get("traceback")
         res.signal = None if res.ok else res.signal
+        res.stages = _stages(data, asked_at, wall)
     elif res.signal is None:
         res.error = f"child exited with code {rc} without a result"
         if bwrap_status and "bwrap:" in res.stderr_tail:
             res.error += f" (the sandbox failed to start: {_first_bwrap_line(res)})"
     return res
+
+
+def _stages(data: dict[str, Any], asked_at: float | None, wall: float) -> dict[str, float]:
+    """The child's stage times as the worker keeps them (farm.build.stage_times.from_child):
+    its "child start" is the gap between the worker's request and the child's
+    own clock reading at its first line, both on this host's clock."""
+    reported = data.get("stages")
+    reported = dict(reported) if isinstance(reported, dict) else {}
+    started, finished = data.get("started_at"), data.get("finished_at")
+    if asked_at is not None and isinstance(started, (int, float)):
+        reported[stage_times.CHILD_START] = float(started) - asked_at
+    if asked_at is not None and isinstance(finished, (int, float)):
+        # From its result written to the worker seeing it gone (the
+        # interpreter's and the sandbox's exit, the watchdog's next look).
+        reported[stage_times.CHILD_EXIT] = asked_at + wall - float(finished)
+    return stage_times.from_child(reported, wall_s=wall)
 
 
 def _memory_out(memory_mb: float, watch: Watch) -> str:
@@ -602,6 +642,8 @@ def _die_with_parent(parent: int) -> None:
 
 
 def child_main(argv: list[str]) -> int:
+    started_at = time.time()  # the worker's "child start" ends here
+    stage_times.reset()
     target, tmp = argv[0], Path(argv[1])
     isolated = len(argv) > 2 and argv[2] == "isolated"
     if len(argv) > 2 and not isolated:
@@ -626,10 +668,12 @@ def child_main(argv: list[str]) -> int:
     faulthandler.enable()
     try:
         payload = json.loads((tmp / _PAYLOAD).read_text())
-        fn = resolve_target(target)
+        with stage_times.stage(stage_times.IMPORTS):
+            fn = resolve_target(target)
         value = fn(payload)
         try:
-            text = json.dumps({"ok": True, "value": value})
+            text = json.dumps({"ok": True, "value": value, "started_at": started_at,
+                               "finished_at": time.time(), "stages": stage_times.snapshot()})
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"sandbox target {target!r} returned a value that is not JSON: {exc}"
@@ -644,6 +688,9 @@ def child_main(argv: list[str]) -> int:
             if etype.__module__ != "builtins" else etype.__qualname__,
             "error": str(exc),
             "traceback": traceback.format_exc(),
+            "started_at": started_at,
+            "finished_at": time.time(),
+            "stages": stage_times.snapshot(),
         })
         sys.stdout.flush()
         sys.stderr.flush()

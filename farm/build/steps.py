@@ -101,10 +101,16 @@ def check_graph(spec: JobSpec, expected: str) -> dict[str, Any]:
 
 
 def compile_step(payload: dict[str, Any]) -> dict[str, Any]:
-    from farm.build.compile import CHECK_AOTI, compile_artifacts
+    from farm.build import stage_times
+
+    with stage_times.stage(stage_times.IMPORTS):  # torch, Dynamo, Inductor: ~0 when warm
+        from farm.build.compile import CHECK_AOTI, compile_artifacts
 
     spec = JobSpec.from_json(payload["spec"])
-    code = check_graph(spec, payload["fingerprint"]) if payload.get("fingerprint") else {}
+    code = {}
+    if payload.get("fingerprint"):
+        with stage_times.stage(stage_times.GRAPH_CHECK):
+            code = check_graph(spec, payload["fingerprint"])
     # The worker answers farm.build.aoti_check outside the sandbox (it is the
     # host's question, and must not spend the model's time limit).
     arts = compile_artifacts(spec, payload["device"], Path(payload["out_dir"]),

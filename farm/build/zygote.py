@@ -81,6 +81,11 @@ PRELOADS: dict[str, tuple[str, ...]] = {
     "build": (*_TRACE_PRELOAD, "torch._inductor.compile_fx", "farm.build.compile",
               "farm.build.verify"),
 }
+# Imported where present (Triton on a CUDA host): a missing one is no failure.
+OPTIONAL_PRELOADS: dict[str, tuple[str, ...]] = {
+    "trace": (),
+    "build": ("triton", "torch._inductor.runtime.triton_heuristics"),
+}
 
 
 def preload_for(target: str) -> str:
@@ -91,7 +96,9 @@ def preload_for(target: str) -> str:
 # The C++ compiler Inductor's config reads from CXX/CC when imported.
 # PATH too: a zygote's sandbox mounts what its PATH needs (a verify child's
 # compiler-free directory), and a child must find its own PATH's entries.
-_IMPORT_TIME_EXTRA = ("CC", "CXX", "CPP", "PATH")
+# ATen's capability: a build zygote answers Inductor's ISA pick before it
+# serves (_warm_answers), and the pick folds it in.
+_IMPORT_TIME_EXTRA = ("CC", "CXX", "CPP", "PATH", "ATEN_CPU_CAPABILITY")
 _START_TIMEOUT_S = 300.0
 _REPLY_TIMEOUT_S = 30.0
 _MAX_ZYGOTES = 3
@@ -129,12 +136,12 @@ def work_dir() -> str | None:
 
 
 def enabled() -> bool:
-    """``FARM_BUILD_ZYGOTE`` is on, and this is no GPU host: a zygote's imports
-    may start the CUDA driver, and torch then refuses CUDA in every fork (the
-    node agent's NVML answer to that, farm.node.agent.preload, is not checked
-    here on a GPU yet), so GPU hosts start their children fresh."""
-    if any(Path("/dev").glob("nvidia[0-9]*")):
-        return False
+    """``FARM_BUILD_ZYGOTE`` is on. GPU hosts too: a zygote imports with
+    torch's NVML-based CUDA check (as the node agent does,
+    ``farm.node.agent.preload``), so no import starts the CUDA driver, and it
+    proves that before it serves (``_cuda_fork_safe``: CUDA not initialised,
+    and a forked child that torch would let use CUDA); one that cannot is
+    not used, and its children start fresh."""
     from farm.core.settings import get_settings
 
     return str(getattr(get_settings(), "farm_build_zygote", "on")).lower() not in (
@@ -343,6 +350,7 @@ class Zygotes:
         # two builds in one slot could read each other's files.
         self.busy = threading.Lock()
         self._by_key: dict[str, Zygote] = {}
+        self.disabled = False
 
     def take(self, env: Mapping[str, str], *, uid: int, memory_mb: float,
              preload: str = "build") -> Zygote | None:
@@ -350,7 +358,7 @@ class Zygotes:
         locked for the caller; None when every one that fits is busy (the
         caller starts a fresh process)."""
         key = zygote_key(env, uid=uid, memory_mb=memory_mb, preload=preload)
-        if not self.busy.acquire(blocking=False):
+        if self.disabled or not self.busy.acquire(blocking=False):
             return None
         with self._lock:
             z = self._by_key.get(key)
@@ -376,6 +384,12 @@ class Zygotes:
 
     def release(self) -> None:
         self.busy.release()
+
+    def disable(self) -> None:
+        """No more zygotes in this process (a GPU host where a forked child
+        could not use CUDA after all): every child starts fresh."""
+        self.disabled = True
+        self.stop_all()
 
     def stop_all(self) -> None:
         with self._lock:
@@ -485,26 +499,90 @@ def _child(req: dict[str, Any]) -> None:
         os._exit(code)
 
 
+def _warm_answers(slot: str) -> None:
+    """Answer, once per zygote, what every compile child asks before its first
+    kernel and what depends only on this zygote's key (its import-time
+    environment: the compiler, ATen's capability, Inductor's ISA settings):
+    Inductor's vector ISA pick (``pick_vec_isa``, cached for the process;
+    it test-compiles a program per candidate, 2-7 s of every compile child
+    on 2 cores). Its probe builds go to a directory of the zygote's own,
+    emptied with ``/tmp`` before the first child; a failure leaves the
+    children to ask themselves, as before."""
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="zygote-warm-")
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        pick_vec_isa()
+    except Exception as exc:  # the children ask again
+        print(f"zygote: Inductor's ISA pick failed here ({exc}); children pick",
+              file=sys.stderr, flush=True)
+    finally:
+        if saved is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+    _wipe("/tmp", _mount_points() | {slot})
+
+
+def _cuda_fork_safe() -> str | None:
+    """None when a forked child may use CUDA as a fresh process would (or
+    this torch has no CUDA); else why not. A zygote that fails this serves
+    nobody: its children start fresh."""
+    import torch
+
+    if not torch.version.cuda:
+        return None
+    if torch.cuda.is_initialized():
+        return "CUDA was initialised by an import"
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        return "torch marks forks of this zygote unable to use CUDA"
+    return None
+
+
 def main() -> int:
     import ctypes
     import importlib
 
     global _PROTO_FD
     slot = sys.argv[1]
-    preload = PRELOADS[sys.argv[2] if len(sys.argv) > 2 else "build"]
+    which = sys.argv[2] if len(sys.argv) > 2 else "build"
+    preload = PRELOADS[which]
     _PROTO_FD = os.dup(1)
     os.dup2(2, 1)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE, 0
-    for name in preload:
-        importlib.import_module(name)
+    # Inductor's and cpp_extension's imports ask torch.cuda.is_available(); its
+    # default answer (cudaGetDeviceCount) starts the CUDA driver, and torch then
+    # refuses CUDA in every fork. NVML answers without it (as in the node
+    # agent); the variable is gone again before any child runs.
+    nvml_check = "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
+    if nvml_check:
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    try:
+        for name in preload:
+            importlib.import_module(name)
+        for name in OPTIONAL_PRELOADS.get(which, ()):
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+        if "farm.build.compile" in preload:
+            _warm_answers(slot)
+    finally:
+        if nvml_check:
+            os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+    cuda_ok = _cuda_fork_safe()
     # One Python thread: a fork copies only the calling one. (numpy's OpenBLAS
     # starts a native pool when torch imports numpy; its own pthread_atfork
     # handlers stop it before a fork and the child starts its own, as in the
     # node agent, farm.node.agent.)
     threads = threading.active_count()
-    _write({"ready": threads == 1, "threads": threads, "others": len(_others())})
-    if threads != 1:
+    _write({"ready": threads == 1 and cuda_ok is None, "threads": threads,
+            "others": len(_others()), "cuda": cuda_ok or "fork-safe"})
+    if threads != 1 or cuda_ok is not None:
         return 1
     stdin = os.fdopen(0, "rb", buffering=0)
     pending = b""

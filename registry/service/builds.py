@@ -122,6 +122,7 @@ def finish_compile(
     artifacts: Sequence[NewArtifact],
     compile_s: float,
     log_text: str | None = None,
+    timings: dict[str, Any] | None = None,
 ) -> list[str]:
     """Commit artifact rows (their blobs are already stored) and finish every
     build waiting on this key. Idempotent: a redelivered task that finds the
@@ -184,7 +185,9 @@ def finish_compile(
         claim = s.get(m.CompileClaim, key)
         if claim is not None:
             claim.state = "succeeded"
-        _finish_builds_from_artifacts(s, key, compile_s=compile_s, log_text=log_text)
+        _finish_builds_from_artifacts(
+            s, key, compile_s=compile_s, log_text=log_text, timings=timings
+        )
         s.flush()
         named = set(s.scalars(select(m.Artifact.digest).where(m.Artifact.digest.in_(dropped))))
         return sorted(dropped - named)
@@ -211,7 +214,12 @@ def _replace(row: m.Artifact, new: NewArtifact) -> None:
 
 
 def _finish_builds_from_artifacts(
-    s: Session, key: str, *, compile_s: float | None = None, log_text: str | None = None
+    s: Session,
+    key: str,
+    *,
+    compile_s: float | None = None,
+    log_text: str | None = None,
+    timings: dict[str, Any] | None = None,
 ) -> None:
     arts = s.scalars(select(m.Artifact).where(m.Artifact.build_key == key)).all()
     jobs: set[str] = set()
@@ -222,6 +230,7 @@ def _finish_builds_from_artifacts(
         b.finished_at = _now()
         b.compile_s = compile_s
         b.log = _clip(log_text)
+        b.timings = timings
         _copy_metrics(b, arts)
         _link_version(s, b.job.version_id, arts)
         jobs.add(b.job_id)
@@ -253,7 +262,14 @@ def release_claim(db: Database, key: str, *, worker_id: str) -> bool:
         return True
 
 
-def fail_compile(db: Database, key: str, *, error: str, log_text: str | None = None) -> None:
+def fail_compile(
+    db: Database,
+    key: str,
+    *,
+    error: str,
+    log_text: str | None = None,
+    timings: dict[str, Any] | None = None,
+) -> None:
     with db.session() as s:
         claim = s.get(m.CompileClaim, key)
         if claim is not None:
@@ -265,6 +281,7 @@ def fail_compile(db: Database, key: str, *, error: str, log_text: str | None = N
             b.state = "failed"
             b.error = _clip(error)
             b.log = _clip(log_text)
+            b.timings = timings
             b.finished_at = _now()
             jobs.add(b.job_id)
         _settle_jobs(s, jobs)

@@ -78,6 +78,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
                     "first_call_compiles": b.first_call_compiles,
                     "error": b.error,
                     "log": b.log,
+                    "timings": b.timings,
                     # A format that was to be built and was not ({format:
                     # {"stage": compile|verify, "reason"}}), and those left out
                     # by design or by this host ({format: reason}): a succeeded

@@ -105,10 +105,12 @@ def test_a_targets_entries_are_never_used_by_another(store: RedisCacheStore,
 def test_a_poisoned_entry_is_stopped_by_the_fresh_process_verification(
         store: RedisCacheStore, build_tmp: Path) -> None:
     """A plausible poisoned entry: the generated wrapper of the model's graph,
-    under its own key, doubling every output. It loads, the build uses it and
-    the artifact computes the wrong thing (the cache does reach the bytes);
-    the verification in a fresh process with an empty cache refuses it, so
-    the worker stores and serves nothing."""
+    under its own key, doubling every output, both as a file and inside
+    torch's AOTAutograd entry for the graph (which a build of the same graph
+    now loads instead of compiling: farm.build.graph_identity). It loads, the
+    build uses it and the artifact computes the wrong thing (the cache does
+    reach the bytes); the verification in a fresh process with an empty cache
+    refuses it, so the worker stores and serves nothing."""
     prefix = f"farm:ccache:test-{uuid.uuid4().hex[:8]}"
     clean = namespace("cpu/clean", "0", prefix=prefix)
     cold, res = build(store, clean, build_tmp / "clean")
@@ -117,20 +119,37 @@ def test_a_poisoned_entry_is_stopped_by_the_fresh_process_verification(
     entries = dict(store.entries(clean))
     wrappers = [n for n in entries if n.endswith(".py")]
     assert wrappers, sorted(entries)
+    aot_entries = [n for n in entries if "/aotautograd/" in n]
+    assert aot_entries, sorted(entries)
     poisoned = namespace("cpu/poisoned", "0", prefix=prefix)
     for name, data in entries.items():
         if name in wrappers:
             data += POISON
+        elif name in aot_entries:
+            data = _poison_aot_entry(data)
         store.put(poisoned, name, data)
 
     cache, res = build(store, poisoned, build_tmp / "poisoned")
     assert cache.stats["prefilled"] == len(entries)
     assert res.ok, res.error
+    # The graph came from the poisoned AOTAutograd entry, not a compile.
+    assert {a["meta"]["aot_autograd_cache"] for a in res.value["artifacts"]} == {"hit"}
     for art in res.value["artifacts"]:
         report = verify_artifact(SPEC, art["path"], art["format"], device="cpu",
                                  timeout_s=scaled(600), memory_mb=6000)
         assert not report.ok
         assert "max abs error" in (report.error or ""), report.error
+
+
+def _poison_aot_entry(data: bytes) -> bytes:
+    """The AOTAutograd entry (torch's pickle, from this test's own clean
+    build) with POISON appended to the wrapper source it carries."""
+    import pickle
+
+    entry = pickle.loads(data)
+    graph = entry.compiled_fw.result
+    graph.source_code += POISON.decode()
+    return pickle.dumps(entry)
 
 
 # Appended to a generated Inductor wrapper: every output doubled.

@@ -321,6 +321,26 @@ def test_the_dashboard_in_a_browser_shows_a_failed_builds_log_and_artifacts(
                 page.screenshot(path=str(shot), full_page=True)
                 shutil.copy(shot, SCREENSHOTS / "dashboard-failed-job.png")
 
+                # The good build's page says where its seconds went: the
+                # worker's own stages and the compile child's account of its
+                # own (graph check, Dynamo, ...), as the API returns them.
+                timings = good_job["builds"][0]["timings"]
+                assert {"compile child", "verify aot_compile", "store"} <= set(
+                    timings["worker"]), timings
+                assert {"child start", "graph check", "Dynamo", "other"} <= set(
+                    timings["child"]), timings
+                assert "seconds, compile child" in good_job["builds"][0]["log"]
+                page.goto(f"{farm.url}/ui/jobs/{good}")
+                table = page.locator(".build-succeeded table.timings")
+                assert table.is_visible()
+                shown = table.inner_text()
+                for name in ("compile child", "verify aot_compile", "graph check", "Dynamo"):
+                    assert name in shown, shown
+                assert f"{timings['worker']['compile child']:.1f} s" in shown
+                shot = tmp_path / "dashboard-build-seconds.png"
+                page.screenshot(path=str(shot), full_page=True)
+                shutil.copy(shot, SCREENSHOTS / "dashboard-build-seconds.png")
+
                 # The cookie is out of reach of page scripts.
                 (c,) = [c for c in browser.cookies() if c["name"] == COOKIE]
                 assert c["httpOnly"] and c["sameSite"] == "Strict" and c["path"] == "/ui"

@@ -53,6 +53,11 @@ def daemon(p):
 
 def hang(p):
     time.sleep(600)
+
+def refused(p):
+    # What torch says when a fork's parent started the CUDA driver.
+    raise RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA "
+                       "with multiprocessing, you must use the 'spawn' start method")
 '''
 
 
@@ -87,6 +92,8 @@ def test_children_fork_from_one_zygote_and_see_nothing_of_each_other(probe: Path
     seen = run(probe, "look")
     assert seen.ok, (seen.error, seen.stderr_tail)
     assert zygote_pid() == pid  # the same warm zygote served both
+    # Its start, measured by the worker from its request to the child's first line.
+    assert seen.warm and 0 <= seen.stages["child start"] < seen.wall_s, seen.stages
     (z,) = zygote.ZYGOTES._by_key.values()
     assert not z.dirty  # and vouched for its sandbox after each child
     v = seen.value
@@ -116,6 +123,20 @@ def test_a_time_out_kills_the_child_and_retires_the_zygote(probe: Path) -> None:
     (z,) = zygote.ZYGOTES._by_key.values()
     assert z.dirty
     assert run(probe, "look").ok
+
+
+def test_a_forked_child_refused_cuda_runs_again_fresh_and_later_ones_too(probe: Path) -> None:
+    try:
+        res = run(probe, "refused")
+        # Run twice: forked (refused), then in a new interpreter; it is the
+        # second one's result, and this worker process forks no more.
+        assert not res.ok and not res.warm, res
+        assert "forked subprocess" in (res.error or "")
+        assert zygote.ZYGOTES.disabled and zygote.ZYGOTES._by_key == {}
+        again = run(probe, "look")
+        assert again.ok and not again.warm and not again.value["torch_loaded"]
+    finally:
+        zygote.ZYGOTES.disabled = False
 
 
 def test_off_starts_every_child_fresh(probe: Path, monkeypatch: pytest.MonkeyPatch) -> None:

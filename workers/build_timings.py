@@ -1,0 +1,59 @@
+"""Where one build's seconds went, for its log and its job page.
+
+Two accounts, kept apart because only one is the worker's own:
+
+- ``worker``: what the compile task timed itself (fetching the code,
+  prefilling the compile cache, the compile child's wall time, verifying and
+  storing each format, sharing the cache);
+- ``child``: the compile child's own split of its wall time
+  (``farm.build.stage_times``: its start, imports, the graph check, Dynamo,
+  AOTAutograd, Inductor's lowering and codegen, kernel builds, saving, the
+  warm-up), as far as the worker's range checks let it through. A child can
+  misreport its own seconds; nothing the worker decides depends on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from farm.build.stage_times import describe
+
+COMPILE_CHILD = "compile child"
+
+
+@dataclass
+class BuildTimings:
+    worker: dict[str, float] = field(default_factory=dict)
+    child: dict[str, float] = field(default_factory=dict)
+    # The compile child forked from a warm zygote (None: no child ran).
+    warm: bool | None = None
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(name, time.monotonic() - t0)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.worker[name] = round(self.worker.get(name, 0.0) + max(0.0, seconds), 3)
+
+    def child_ran(self, wall_s: float, stages: dict[str, float], *, warm: bool) -> None:
+        self.add(COMPILE_CHILD, wall_s)
+        self.child = dict(stages)
+        self.warm = warm
+
+    def to_json(self) -> dict[str, Any]:
+        return {"worker": self.worker, "child": self.child, "warm": self.warm}
+
+    def log_lines(self) -> list[str]:
+        lines = [f"seconds, worker: {describe(self.worker)}"] if self.worker else []
+        if self.child:
+            how = "forked warm" if self.warm else "a new interpreter"
+            lines.append(f"seconds, compile child ({how}; its own account): {describe(self.child)}")
+        return lines
