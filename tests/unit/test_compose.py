@@ -407,11 +407,16 @@ def test_the_image_holds_what_its_services_and_builds_run(compose: dict[str, Any
             assert tool == "python" or tool in packages, (name, tool)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["project"]["scripts"]["farm"] and 'ENTRYPOINT ["farm"]' in docker
+    # Both distributions (the node's and torch-farm-server) are copied and
+    # installed, the server with the extras the compose file's services use.
+    server = tomllib.loads((ROOT / "server" / "pyproject.toml").read_text())
     copied = set(re.findall(r"^COPY (\w+) \1$", docker, re.M))
-    shipped = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    shipped = {p.rstrip("*") for d in (project, server)
+               for p in d["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert shipped <= copied, shipped - copied
-    (extras,) = re.findall(r'pip install --no-cache-dir "\.\[([\w,]+)\]"', docker)
-    assert set(extras.split(",")) <= set(project["project"]["optional-dependencies"])
+    assert "COPY server/pyproject.toml server/pyproject.toml" in docker
+    (extras,) = re.findall(r'pip install --no-cache-dir \. "\./server\[([\w,]+)\]"', docker)
+    assert set(extras.split(",")) <= set(server["project"]["optional-dependencies"])
     gpu = compose["services"]["gpu-compile-worker"]["build"]["args"]
     assert re.fullmatch(r"torch==\d+\.\d+\.\d+", gpu["TORCH_SPEC"]), gpu
     assert re.search(r"/whl/cu\d+$", gpu["TORCH_INDEX"]), gpu
