@@ -401,7 +401,11 @@ def test_tampered_or_unsigned_artifact_is_refused(
         att = art["attestation"]
         for field, value in [("attestation", None), ("digest", other), ("size", art["size"] + 1),
                              ("build_key", "0" * 64),
-                             ("attestation", {**att, "build": None}),
+                             # The statement's name taken out, or swapped for one
+                             # the farm does not have (the node fetches it by digest).
+                             ("attestation", {**att, "build": None, "build_statement": None}),
+                             ("attestation", {**att, "build": None,
+                                              "build_statement": {"digest": "0" * 64}}),
                              ("attestation", {**att, "version": None})]:
             edited = {**art, field: value}
             if value is None:
