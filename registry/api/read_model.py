@@ -10,7 +10,8 @@ listens and drops that model, and the next resolve of it reads it again (one
 load per model, whoever asks). While that channel is down (the connection
 cut, the database restarting) the thread polls ``read_model_generation``
 every ``poll_s`` instead and drops everything when it moves, and on
-reconnecting it drops everything once (what was sent meanwhile is lost).
+reconnecting it drops everything if the generation moved meanwhile (what
+was sent while it was away is lost).
 SQLite (the embedded farm) has no notifications: each resolve compares the
 generation, a read of one row of a local file.
 
@@ -74,6 +75,7 @@ class ReadModel:
         self._epoch: dict[str, int] = {}
         self._all_epoch = 0
         self._generation: int | None = None
+        self._started = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: Any = None  # the listener's psycopg connection, under _conn_lock
@@ -114,7 +116,9 @@ class ReadModel:
             self.loads += 1
             with self._lock:
                 self._load_locks.pop(name, None)
-                if self._epoch_of(name) == epoch:
+                # Held only while changes are followed (start()): an app run
+                # without its lifespan reads the database every time.
+                if self._started and self._epoch_of(name) == epoch:
                     if isinstance(found, Missing) and self._missing_count() >= MAX_MISSING:
                         self._forget_missing()
                     self._views[name] = found
@@ -180,6 +184,7 @@ class ReadModel:
     def start(self) -> None:
         """Begin following changes (PostgreSQL: a listener thread)."""
         self._generation = self._read_generation()
+        self._started = True
         if not self._listen or self._thread is not None:
             return
         self._thread = threading.Thread(target=self._follow, name="farm-read-model", daemon=True)
@@ -312,13 +317,3 @@ def _missing_message(db: Database, name: str) -> str:
         return str(exc)
     # Created between the two reads: the next resolve loads it.
     return f"model {name!r} was just created; ask again"
-
-
-def status(model: ReadModel) -> dict[str, Any]:
-    """For /v1/health and the metrics."""
-    return {
-        "models": len(model),
-        "listening": model.listening,
-        "loads": model.loads,
-        "drops": model.drops,
-    }
