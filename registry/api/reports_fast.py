@@ -32,6 +32,7 @@ from .reports import _row
 
 # ReportIn's fields: (type check, max length) (registry.api.reports.ReportIn)
 _KINDS = frozenset({"miss", "guard_failure", "fallback", "load"})
+_GRAD_MODES = ("inference", "training")
 _STR_FIELDS = {
     "model": 128,
     "ref": 64,
@@ -55,10 +56,9 @@ def _report(raw: Any) -> SimpleNamespace:
     pydantic might see it otherwise (it then decides)."""
     if not isinstance(raw, dict) or not raw.keys() <= _ALLOWED:
         raise _NotOrdinary
-    if raw.get("kind") not in _KINDS or raw.get("grad_mode", "inference") not in (
-        "inference",
-        "training",
-    ):
+    kind, grad_mode = raw.get("kind"), raw.get("grad_mode", "inference")
+    # A dict is not hashable: the type first, then the set.
+    if not isinstance(kind, str) or kind not in _KINDS or grad_mode not in _GRAD_MODES:
         raise _NotOrdinary
     for name, limit in _STR_FIELDS.items():
         value = raw.get(name)
@@ -121,7 +121,7 @@ def rows_of(body: bytes) -> list[dict[str, Any]]:
         raise _NotOrdinary
     try:
         return [_row(_report(r), node) for r in reports]  # type: ignore[arg-type]
-    except (SpecError, TargetError, ValueError):
+    except (SpecError, TargetError, ValueError, TypeError):
         raise _NotOrdinary from None
 
 
