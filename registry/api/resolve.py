@@ -193,10 +193,17 @@ async def model_view(state: AppState, model: str) -> ModelView | Missing:
 
 
 def _unknown_ref(state: AppState, view: ModelView, ref: str | None) -> str:
-    """The message for a ref the model lacks, as the database path words it."""
+    """The message for a ref the model lacks, as the database path words it
+    (kept on the view, which a change to the model replaces)."""
+    known = view.unknown_refs.get(ref)
+    if known is not None:
+        return known
     try:
         resolve_reads.candidates_and_bindings(state.db, view.name, ref)
     except service.NotFound as exc:
+        if len(view.unknown_refs) >= 1000:  # refs come from clients
+            view.unknown_refs.clear()
+        view.unknown_refs[ref] = str(exc)
         return str(exc)
     return f"{view.name}@{ref} was just created; ask again"
 

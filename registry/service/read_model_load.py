@@ -98,6 +98,9 @@ class ModelView:
     versions: dict[str, VersionView] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)  # alias -> version
     alias_statements: dict[str, str] = field(default_factory=dict)  # alias -> JSON text
+    # ref -> why it names nothing (the database's wording), kept until the
+    # model changes: a fleet asking for a missing ref costs one query
+    unknown_refs: dict[str | None, str] = field(default_factory=dict)
 
     def newest(self) -> VersionView | None:
         """What a ref-less resolve gets when there is no ``latest`` alias."""
