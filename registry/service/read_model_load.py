@@ -48,6 +48,9 @@ ANSWER_META_KEYS = (
     "grad_mode",
     "external_data",
     "calling_convention",
+    "weights",  # fake or real weights, and why
+    "parallel",
+    "optimizer_step",
 )
 BATCH_MODELS = 500
 

@@ -69,19 +69,26 @@ def test_an_answer_is_json_naming_the_build_statement_by_digest() -> None:
     version.version_statement = json.dumps({"payload": "v"})
     view.alias_statements["prod"] = json.dumps({"payload": "a"})
     view.aliases["prod"] = "1"
-    result = resolver.resolve(version.records, target=record.target, inputs=INPUTS,
-                              grad_mode=GradMode.INFERENCE)
-    body = hit_body(view=view, version=version, ref="prod", result=result, why=["w"],
-                    base_url="http://farm/")
+    result = resolver.resolve(
+        version.records, target=record.target, inputs=INPUTS, grad_mode=GradMode.INFERENCE
+    )
+    body = hit_body(
+        view=view, version=version, ref="prod", result=result, why=["w"], base_url="http://farm/"
+    )
     answer = json.loads(body)
     art_out = answer["artifact"]
     assert art_out["attestation"] == {
         "build_statement": {"digest": "ab" * 32, "url": f"/v1/attestations/{'ab' * 32}"},
-        "version": {"payload": "v"}, "alias": {"payload": "a"}}
+        "version": {"payload": "v"},
+        "alias": {"payload": "a"},
+    }
     assert art_out["download_url"] == f"http://farm/v1/artifacts/{record.digest}/blob"
     assert art_out["meta"] == {"model_class": "m.Net"} and art_out["version"] == "1"
     assert (answer["model"], answer["version"], answer["ref"]) == ("m", "1", "prod")
     # Asked by its version, the alias statement stays out.
-    by_version = json.loads(hit_body(view=view, version=version, ref="1", result=result,
-                                     why=[], base_url="http://farm/"))
+    by_version = json.loads(
+        hit_body(
+            view=view, version=version, ref="1", result=result, why=[], base_url="http://farm/"
+        )
+    )
     assert by_version["artifact"]["attestation"]["alias"] is None
