@@ -201,8 +201,8 @@ class Farm:
 
 class Server:
     def __init__(self, farm: Farm, *, workers: int, name: str,
-                 blob_store_url: str | None = None, extra_env: dict[str, str] | None = None
-                 ) -> None:
+                 blob_store_url: str | None = None, extra_env: dict[str, str] | None = None,
+                 ready_timeout_s: float = 60.0) -> None:
         self.port = _free_port()
         self.log_path = farm.work / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
@@ -214,12 +214,14 @@ class Server:
                                      start_new_session=True)
         self.cpu = ServerCPU(self.proc.pid)
         self.token = farm.read_token
-        self._wait_ready(workers)
+        self._wait_ready(workers, ready_timeout_s)
 
-    def _wait_ready(self, workers: int) -> None:
+    def _wait_ready(self, workers: int, timeout_s: float) -> None:
         import httpx
 
-        deadline = time.monotonic() + 60
+        # Each API process reads its read model before it answers (a million
+        # artifact rows take minutes on a loaded 2-core machine).
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise SystemExit(f"the API exited with {self.proc.returncode}; log:\n"
@@ -233,9 +235,10 @@ class Server:
             time.sleep(0.2)
         else:
             self.stop()
-            raise SystemExit(f"the API did not answer within 60 s; log at {self.log_path}")
+            raise SystemExit(f"the API did not answer within {timeout_s:.0f} s; log at "
+                             f"{self.log_path}")
         if workers > 1:  # each worker must be up, not just the first
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + timeout_s
             text = ""
             while time.monotonic() < deadline:
                 text = self.log_path.read_text(errors="replace")

@@ -38,17 +38,27 @@ def _h(*parts: object) -> str:
     return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
 
 
-def seed(db_url: str) -> dict[str, Any]:
-    """Insert the rows; returns how many of each."""
+def seed(db_url: str, *, triggers: bool = True) -> dict[str, Any]:
+    """Insert the rows; returns how many of each. ``triggers=False``: a bulk
+    load before any API runs (a million rows): the read model's change
+    triggers are skipped for these sessions (``session_replication_role``,
+    superuser only) and the generation is bumped once at the end; an API
+    that starts afterwards reads everything anyway."""
     from datetime import datetime, timezone
 
-    from sqlalchemy import insert, select
+    from sqlalchemy import event, insert, select, text
 
     from farm.core.target import Target
     from registry import models as m
     from registry.db import Database
 
     db = Database(db_url)
+    if not triggers:
+        @event.listens_for(db.engine, "connect")
+        def _no_triggers(dbapi_connection: Any, _record: Any) -> None:
+            with dbapi_connection.cursor() as cur:
+                cur.execute("SET session_replication_role = replica")
+            dbapi_connection.commit()
     now = datetime.now(timezone.utc)
     try:
         with db.session() as s:
@@ -88,6 +98,9 @@ def seed(db_url: str) -> dict[str, Any]:
                 s.execute(insert(m.VersionArtifact), [
                     {"version_id": r["_version_id"], "artifact_id": a}
                     for r, a in zip(chunk, art_ids, strict=True)])
+        if not triggers:
+            with db.session() as s:
+                s.execute(text("UPDATE read_model_generation SET n = n + 1 WHERE id = 1"))
         return {"models": MODELS, "versions": len(versions), "artifacts": len(rows)}
     finally:
         db.dispose()

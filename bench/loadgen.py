@@ -437,4 +437,8 @@ if __name__ == "__main__":
     if arg.startswith("@"):
         with open(arg[1:]) as f:
             arg = f.read()
-    print(json.dumps(loadgen_main(json.loads(arg))), flush=True)
+    result = json.dumps(loadgen_main(json.loads(arg)))
+    # uvloop may leave stdout non-blocking: a line over the pipe's 64 KiB
+    # would then be cut short (and the orchestrator could not parse it).
+    os.set_blocking(sys.stdout.fileno(), True)
+    print(result, flush=True)

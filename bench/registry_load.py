@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="issue 17's measurement instead: 10,000 distinct resolve questions "
                         "against 100,000 artifact rows, resolve caches off, alone and with "
                         "node reports arriving at --report-rate beside them")
+    p.add_argument("--artifact-rows", type=int, default=100_000,
+                   help="with --distinct: artifact rows to seed (100 per model; the default "
+                        "is issue 17's 100,000)")
     p.add_argument("--report-rate", type=int, default=1000,
                    help="with --distinct: node reports per second (10,000 nodes, one POST "
                         "/v1/reports every 10 s each = 1,000/s)")
@@ -467,6 +470,9 @@ def _stored_reports(db_url: str) -> int:
 def distinct_main(args: argparse.Namespace) -> int:
     import distinct_seed
 
+    # 100 artifact rows per model (10 versions x 10); the questions are
+    # 10,000 of their versions whatever the row count.
+    distinct_seed.MODELS = max(1000, args.artifact_rows // 100)
     args.blob_mb = 1
     args.node_tokens = min(args.node_tokens, 10)
     if args.db == "sqlite":
@@ -488,13 +494,23 @@ def distinct_main(args: argparse.Namespace) -> int:
         print(f"seeding a scratch farm in {work} ({farm.db_kind}) ...", flush=True)
         farm.seed()
         t0 = time.perf_counter()
-        counts = distinct_seed.seed(farm.db_url)
+        # Past the issue's 100,000 rows, a bulk load with the change triggers off.
+        bulk = args.artifact_rows > 100_000
+        counts = distinct_seed.seed(farm.db_url, triggers=not bulk)
         log(f"seeded {counts['artifacts']:,} artifact rows ({counts['versions']:,} versions "
-            f"of {counts['models']:,} models) in {time.perf_counter() - t0:.0f} s")
+            f"of {counts['models']:,} models) in {time.perf_counter() - t0:.0f} s"
+            + (" (bulk: change triggers off while seeding)" if bulk else ""))
         paths = distinct_seed.questions()
         bodies = distinct_seed.report_bodies()
+        t0 = time.perf_counter()
         server = Server(farm, workers=args.workers, name="api",
-                        extra_env={**_server_env(args), "FARM_RESOLVE_CACHE_S": "0"})
+                        extra_env={**_server_env(args), "FARM_RESOLVE_CACHE_S": "0"},
+                        ready_timeout_s=60 + args.artifact_rows / 1000)
+        log(f"API up in {time.perf_counter() - t0:.1f} s; "
+            f"{_rss_mb(server):,.0f} MB resident (all its processes)")
+        for ln in server.log_path.read_text(errors="replace").splitlines():
+            if "read model:" in ln:
+                log("  " + ln.strip())
         _check_distinct(server, farm, paths)
         base = {"port": server.port, "paths": paths, "tokens": [farm.read_token],
                 "warmup_s": args.warmup, "duration_s": args.duration, "conns": args.conns}
@@ -537,6 +553,19 @@ def distinct_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rss_mb(server: Server) -> float:
+    import psutil
+
+    total = 0
+    procs = [psutil.Process(server.proc.pid)]
+    with contextlib.suppress(psutil.Error):
+        procs += procs[0].children(recursive=True)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total / 1e6
+
+
 def _check_distinct(server: Server, farm: Farm, paths: list[str]) -> None:
     import httpx
 
@@ -567,11 +596,13 @@ def _distinct_report(args: argparse.Namespace, farm: Farm, res: dict[str, Any], 
     for ln in _env_lines(args, farm):
         if not ln.startswith(("data:", "resolve:")):  # the one-question run's, not this one's
             log(ln)
-    log("resolve caches off (FARM_RESOLVE_CACHE_S=0): every resolve reads PostgreSQL; "
-        "10,000 distinct (model, version, inputs, target) questions in turn against "
-        "100,000 artifact rows")
+    log("resolve answer caches off (FARM_RESOLVE_CACHE_S=0): 10,000 distinct (model, version, "
+        f"inputs, target) questions in turn against {args.artifact_rows:,} artifact rows")
+    log(f"load average when the run ended (1, 5, 15 min): "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     log()
-    hdr = ("measurement", "result", "goal", "CPU: server / gens / others")
+    hdr = ("measurement", "result", "goal", "CPU: server / gens / others",
+           "server CPU per resolve")
     rows = []
     for key, ph in res.items():
         r = ph.result
@@ -593,7 +624,11 @@ def _distinct_report(args: argparse.Namespace, farm: Farm, res: dict[str, Any], 
         elif key.startswith("closed"):
             goal = ">= 3,000/s " + ("PASS" if r["rps"] >= 3000 and not bad else "FAIL")
         label = _distinct_label(key, args)
-        rows.append((label, result, goal, ph.cpu()))
+        answered = r["rps"] * ph.wall
+        # Over the phase's whole wall time (the generator's warm-up included,
+        # as in the CPU column); with reports beside, their cost is in it.
+        per = f"{ph.srv_cpu / answered * 1e3:.3f} ms" if answered else "-"
+        rows.append((label, result, goal, ph.cpu(), per))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
     log(" | ".join(h.ljust(w) for h, w in zip(hdr, widths, strict=True)))
     log("-|-".join("-" * w for w in widths))

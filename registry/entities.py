@@ -21,7 +21,8 @@ from farm.core.target import Target
 FORMATS = ("aot_compile", "aoti")
 
 
-@dataclass(frozen=True)
+# Slots: the API's read model holds one per artifact row (a million, at fleet scale).
+@dataclass(frozen=True, slots=True)
 class ArtifactRecord:
     id: int
     digest: str  # sha256 hex of the blob's bytes

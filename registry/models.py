@@ -11,6 +11,7 @@ Identity rules that the constraints enforce:
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,6 +29,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    event,
     false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -291,8 +293,31 @@ class Artifact(Base):
     # The build statement (DSSE envelope, JSON) the compile worker signed when
     # the artifact passed verification; None for rows no builder attested.
     attestation: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Its sha256: a resolve answer names the statement by it and the node
+    # fetches it from /v1/attestations/<digest> (set by attestation_digest below).
+    attestation_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True,
+                                                           index=True)
     meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+@event.listens_for(Artifact, "before_insert")
+@event.listens_for(Artifact, "before_update")
+def attestation_digest(_mapper: Any, _connection: Any, row: Artifact) -> None:
+    """Keep ``attestation_sha256`` the digest of ``attestation``, whoever writes the row."""
+    row.attestation_sha256 = (None if row.attestation is None
+                              else hashlib.sha256(row.attestation.encode()).hexdigest())
+
+
+class ReadModelGeneration(Base):
+    """One row (id 1) counting the transactions that changed what a resolve
+    reads; database triggers (migration 0010) bump it. The API's read model
+    polls it while its change notifications are down (``registry.api.read_model``)."""
+
+    __tablename__ = "read_model_generation"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)
 
 
 class VersionArtifact(Base):
@@ -304,7 +329,8 @@ class VersionArtifact(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"))
-    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"))
+    artifact_id: Mapped[int] = mapped_column(ForeignKey("artifacts.id", ondelete="CASCADE"),
+                                             index=True)
 
 
 class CompileClaim(Base):

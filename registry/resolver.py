@@ -476,12 +476,16 @@ def resolve(
     return Resolution(accepted=accepted, rejected=rejected)
 
 
-def why_chosen(result: Resolution, *, target: Target, inputs: Sequence[TensorSpec]) -> list[str]:
+def why_chosen(result: Resolution, *, target: Target, inputs: Sequence[TensorSpec],
+               rejected: int | None = None) -> list[str]:
     """Why ``result.best`` is the artifact a node gets, one reason a line, in
-    the order of the rules and the preference above (empty on a miss)."""
+    the order of the rules and the preference above (empty on a miss).
+    ``rejected``: how many were refused, when ``result`` holds only the
+    candidates that could match (the API's read model checks those alone)."""
     best = result.best
     if best is None:
         return []
+    n_rejected = len(result.rejected) if rejected is None else rejected
     fields = ["python", "torch"] + (
         ["cuda", "triton", "gpu", "capability"] if target.device == "cuda" else ["isa", "threads"])
     out = [
@@ -494,24 +498,30 @@ def why_chosen(result: Resolution, *, target: Target, inputs: Sequence[TensorSpe
     others = result.accepted[1:]
     if not others:
         out.append("the only artifact that fits" + (
-            f"; {len(result.rejected)} other(s) rejected" if result.rejected else ""))
+            f"; {n_rejected} other(s) rejected" if n_rejected else ""))
         return out
-    # Which preference rule put it ahead of the runner-up.
     second = others[0]
-    a, b = preference_key(best), preference_key(second)
+    out.append(f"ahead of {second.digest[:12]} ({second.format}): "
+               f"{behind_reason(best, second, accepted=len(result.accepted))}")
+    return out
+
+
+def behind_reason(best: ArtifactRecord, other: ArtifactRecord, *, accepted: int) -> str:
+    """Which preference rule put ``best`` ahead of ``other`` (both accepted),
+    said from ``best``'s side."""
+    a, b = preference_key(best), preference_key(other)
     rule = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a) - 1)
     reasons = [
-        f"its first call does not compile, unlike {second.digest[:12]}'s",
-        f"format {best.format} comes before {second.format} on {best.target.device} "
+        f"its first call does not compile, unlike {other.digest[:12]}'s",
+        f"format {best.format} comes before {other.format} on {best.target.device} "
         f"(no C++ compiler and no dynamo import needed to load it)",
-        f"default compile options, ahead of {second.options.canonical()}",
-        f"its input specs are narrower than {format_inputs(second.inputs)} (exact shapes "
+        f"default compile options, ahead of {other.options.canonical()}",
+        f"its input specs are narrower than {format_inputs(other.inputs)} (exact shapes "
         "first)",
-        f"the newest of the {len(result.accepted)} that fit",
+        f"the newest of the {accepted} that fit",
         "the lowest id among equals",
     ]
-    out.append(f"ahead of {second.digest[:12]} ({second.format}): {reasons[rule]}")
-    return out
+    return reasons[rule]
 
 
 def dynamic_hint(result: Resolution, *, inputs: Sequence[TensorSpec]) -> str | None:

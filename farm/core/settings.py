@@ -160,6 +160,9 @@ class Settings(BaseSettings):
     # list and whole resolve answers. 0 turns both off (bench/registry_load.py
     # --distinct measures that: every resolve reads the database).
     farm_resolve_cache_s: float = 1.0
+    # How often an API process polls the read model's generation while its
+    # PostgreSQL change notifications are down (registry.api.read_model).
+    farm_read_model_poll_s: float = Field(default=1.0, gt=0, le=60)
 
     @model_validator(mode="after")
     def _read_secret_files(self) -> Settings:

@@ -253,6 +253,15 @@ class FarmClient(FarmTrust):
                         ref or "latest")
             return {**kept, NODE_REQUEST: own}
         answer[NODE_REQUEST] = own
+        artifact = answer.get("artifact")
+        if isinstance(artifact, Mapping):
+            # Fetched (or found kept) by digest now, so an answer kept for
+            # offline use is whole; fetch() verifies it before any byte loads.
+            try:
+                answer["artifact"] = {**artifact, "attestation": self.complete_attestation(
+                    artifact.get("attestation"))}
+            except FarmError as exc:
+                log.debug("build statement not fetched with the answer: %s", exc)
         self._keep_resolution(params, answer)
         return answer
 
@@ -392,7 +401,8 @@ class FarmClient(FarmTrust):
         from farm.node.verify import make_bundle
 
         artifact = resolved.get("artifact", resolved)
-        return make_bundle(attestation=artifact["attestation"], trust_list=self.trust_list(),
+        return make_bundle(attestation=self.complete_attestation(artifact["attestation"]),
+                           trust_list=self.trust_list(),
                            request=verified.request, farm_url=self.url)
 
     def load(self, resolved: Mapping[str, Any], *, module: Any = None,

@@ -230,7 +230,7 @@ class FarmTrust(FarmAdmin):
                 raise FarmError("verify needs the node's own request: pass the answer of "
                                 "FarmClient.resolve, or request=NodeRequest(...)")
             request = NodeRequest.from_json(raw)
-        bundle = artifact.get("attestation")
+        bundle = self.complete_attestation(artifact.get("attestation"))
         if not isinstance(bundle, Mapping):
             raise AttestationRefused(f"artifact {str(artifact.get('digest'))[:12]} carries no "
                                      "attestation", field="attestation")
@@ -240,3 +240,61 @@ class FarmTrust(FarmAdmin):
         claimed = {**artifact, "version": resolved.get("version", artifact.get("version"))}
         return verify_attestation(bundle, self.trust_list(), request, claimed=claimed,
                                   alias_seen=seen)
+
+    def complete_attestation(self, bundle: Any) -> Any:
+        """A resolve answer's attestation with its build statement in it: the
+        answer names the statement by digest (``build_statement``), and it is
+        fetched, or found in this node's cache, by that digest."""
+        if not isinstance(bundle, Mapping) or bundle.get("build") is not None:
+            return bundle
+        named = bundle.get("build_statement")
+        if not isinstance(named, Mapping):
+            return bundle
+        return {**bundle, "build": self.build_statement(named.get("digest"))}
+
+    def build_statement(self, digest: Any) -> dict[str, Any]:
+        """The build statement whose sha256 is ``digest``: kept by this node
+        (``statements/<digest>.json`` in its cache) or fetched from
+        ``/v1/attestations/<digest>`` and kept. Only the digest is checked
+        here; the caller verifies its signature and fields as always."""
+        import json
+
+        from farm.node.cache import CacheError, validate_digest
+
+        try:
+            digest = validate_digest(digest)
+        except CacheError as exc:
+            raise IntegrityError(f"the farm named a build statement by a bad digest: {exc}") \
+                from None
+        path = self.cache.root / "statements" / f"{digest}.json"
+        data: bytes | None = None
+        with contextlib.suppress(OSError):
+            data = path.read_bytes()
+        if data is None or hashlib.sha256(data).hexdigest() != digest:
+            try:
+                r = self._http.get(f"/v1/attestations/{digest}")
+            except httpx.TransportError as exc:
+                raise FarmUnavailable(f"cannot reach the farm at {self.url} for build statement "
+                                      f"{digest[:12]}: {exc or type(exc).__name__}") from None
+            if r.status_code == 404:
+                # The answer named a statement the farm does not have: refused
+                # as any other answer whose attestation does not check out.
+                raise IntegrityError(f"the farm's answer names build statement {digest[:12]}, "
+                                     "which the farm does not have")
+            self._raise_for(r, f"GET build statement {digest[:12]}")
+            data = r.content
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise IntegrityError(f"the farm's build statement {digest[:12]} does not hash to "
+                                     "its digest")
+            with contextlib.suppress(OSError):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+        try:
+            statement = json.loads(data)
+        except ValueError:
+            raise IntegrityError(f"build statement {digest[:12]} is not JSON") from None
+        if not isinstance(statement, dict):
+            raise IntegrityError(f"build statement {digest[:12]} is not a JSON object")
+        return statement

@@ -24,6 +24,7 @@ from registry.db import Database, DatabaseUnavailable
 
 from . import (
     artifacts,
+    attestations,
     cache,
     code,
     dashboard,
@@ -42,19 +43,23 @@ from . import (
 from .metrics import Metrics
 from .middleware import BodyLimit, RequestMetrics, ResponseCache
 from .miss_builder import MissBuilder
+from .read_model import ReadModel
 from .report_sink import ReportSink
+from .reports_fast import FastReports
+from .resolve_fast import FastResolve
 from .signer import NameSigner
 from .state import AppState, Enqueue, TTLCache
 
 log = logging.getLogger(__name__)
 
-# While the database is unreachable, resolves are answered from what was
-# known this long ago at most (tokens and version candidates).
+# While the database is unreachable, tokens seen this long ago at most are
+# still admitted (resolves are answered from the read model meanwhile).
 STALE_S = 300.0
 DB_DOWN = (DatabaseUnavailable, OperationalError)
 
 API_VERSION = "1"
 RESOLVE_PATH = "/v1/resolve"
+REPORTS_PATH = "/v1/reports"
 DESCRIPTION = """\
 Build farm and artifact registry for ahead-of-time compiled PyTorch programs.
 
@@ -123,9 +128,11 @@ def create_app(
         signer=NameSigner(settings),
         auth=Authenticator(db, enabled=settings.farm_auth, admin_token=settings.farm_admin_token,
                            stale_s=STALE_S),
-        candidates=TTLCache(resolve_cache_s, stale_s=STALE_S, stale_on=DB_DOWN),
+        read_model=ReadModel(db, poll_s=settings.farm_read_model_poll_s),
         resolve_responses=TTLCache(resolve_cache_s, max_entries=4096),
     )
+    # A whole answer must not outlive the candidates it was computed from.
+    state.read_model.on_drop = state.resolve_responses.invalidate
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -136,7 +143,9 @@ def create_app(
         except DatabaseUnavailable as exc:
             # Start anyway: requests answer 503 until the database is back.
             log.warning("database unreachable at start-up: %s", exc)
+        await run_in_threadpool(_start_read_model, state.read_model)
         yield
+        state.read_model.stop()
         state.reports.stop()
         if database is None:
             db.dispose()
@@ -151,7 +160,7 @@ def create_app(
     app.state.metrics = metrics
     errors.install(app)
     for router in (jobs.router, code.router, lifecycle.router, models.router, resolve.router,
-                   artifacts.router,
+                   artifacts.router, attestations.router,
                    targets.router, tokens.router, keys.router, health.router,
                    dashboard.router, cache.router, reports.router, projects.router):
         app.include_router(router)
@@ -174,10 +183,32 @@ def create_app(
         child.observe(seconds)
 
     readers = ReaderCheck(state.auth)
-    app.front = ResponseCache(partial(FastAPI.__call__, app), path=RESOLVE_PATH,
+
+    def on_answer(seconds: float) -> None:
+        hits.inc()
+        observe(200, seconds)
+
+    fast = FastResolve(partial(FastAPI.__call__, app), read_model=state.read_model,
+                       admit=readers.cached, on_answer=on_answer)
+    report_timer = metrics.latency.labels("POST", REPORTS_PATH, "202")
+    app.reports_front = FastReports(partial(FastAPI.__call__, app), sink=lambda: state.reports,
+                                    admit=readers.cached, max_bytes=settings.max_body_bytes,
+                                    on_answer=report_timer.observe)
+    app.front = ResponseCache(fast, path=RESOLVE_PATH,
                               cache=state.resolve_responses, admit=readers.cached,
                               admit_load=readers.load, on_replay=on_replay, observe=observe)
     return app
+
+
+def _start_read_model(read_model: ReadModel) -> None:
+    """Follow changes first, then read every model: what changes while the
+    models are read is dropped again. A database that is down is read on
+    demand later (each model when first asked for)."""
+    try:
+        read_model.start()
+        read_model.preload()
+    except DB_DOWN as exc:
+        log.warning("read model: not preloaded, the database is unreachable: %s", exc)
 
 
 class FarmAPI(FastAPI):
@@ -185,13 +216,19 @@ class FarmAPI(FastAPI):
     a replay skips the framework's middleware, routing and dependencies."""
 
     front: ResponseCache | None = None
+    # Node reports, read in plain ASGI ahead of the stack (reports_fast)
+    reports_front: FastReports | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        front = self.front
-        if front is not None and scope["type"] == "http" and scope["path"] == front.path:
-            await front(scope, receive, send)
-        else:
-            await super().__call__(scope, receive, send)
+        if scope["type"] == "http":
+            path = scope["path"]
+            if self.front is not None and path == self.front.path:
+                await self.front(scope, receive, send)
+                return
+            if self.reports_front is not None and path == REPORTS_PATH:
+                await self.reports_front(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 class ReaderCheck:

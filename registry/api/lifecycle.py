@@ -20,8 +20,9 @@ router = APIRouter(tags=["jobs"], responses=PROTECTED)
 
 
 def forget(state: AppState, model: str | None = None) -> None:
-    """Resolves see a change at once in this replica (others within the cache TTL)."""
-    state.candidates.invalidate(None if model is None else (lambda key: key[0] == model))
+    """Resolves see a change at once in this replica, before its own change
+    notification arrives (the other replicas drop it when theirs does)."""
+    state.read_model.drop(None if model is None else [model])
     state.resolve_responses.invalidate()
 
 

@@ -84,6 +84,27 @@ async def _send_json(send: Send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+async def send_json_bytes(send: Send, status: int, body: bytes) -> None:
+    """A JSON answer already serialized (the plain-ASGI routes' answers)."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def auth_and_host(scope: Scope) -> tuple[bytes, bytes, bool]:
+    """(Authorization, Host, whether the request has a body) from the headers."""
+    auth = host = b""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            auth = value
+        elif name == b"host":
+            host = value
+        elif name in _BODY_HEADERS:
+            return auth, host, True
+    return auth, host, False
+
+
 CachedResponse = tuple[int, list[tuple[bytes, bytes]], bytes]
 # Request headers that mean the request has a body: such a request is never
 # answered from memory (BodyLimit and the router see it as usual).
@@ -159,15 +180,10 @@ class ResponseCache:
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        auth = host = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                auth = value
-            elif name == b"host":
-                host = value
-            elif name in _BODY_HEADERS:
-                await self.app(scope, receive, send)
-                return
+        auth, host, has_body = auth_and_host(scope)
+        if has_body:
+            await self.app(scope, receive, send)
+            return
         key = (scope.get("query_string", b""), host)
         admitted = True if self.admit is None else self.admit(auth)
         if admitted is None:

@@ -2,15 +2,19 @@
 
 This is the hot path of a rollout (thousands of nodes asking at once), so it
 is an ``async`` endpoint that normally never leaves the event loop: the token
-and the version's candidates (with their stored attestations) come from
-short-lived caches and the resolver is a pure function. Only a cache miss or
-a miss record goes to the database, in the thread pool.
+comes from a short-lived cache, the model's candidates from the process's
+read model (``read_model``: replicated from the database, kept current by
+its change notifications), and the resolver is a pure function over the few
+candidates in the node's bucket. Only a model not yet held or a miss record
+goes to the database, in the thread pool.
 
 Nothing is signed here. Each artifact carries the build statement its
-compile worker signed, the version carries the name statement the API
+compile worker signed (named in the answer by its sha256, fetched from
+``/v1/attestations/<digest>``), the version the name statement the API
 signed when the submission was accepted, an alias the one signed when it
 was set; the node verifies all of them against its pinned root key and
-compares them with its own request (``farm.node.verify``).
+compares them with its own request (``farm.node.verify``). The answer's
+size does not depend on the model's (``resolve_answer``).
 """
 
 from __future__ import annotations
@@ -20,19 +24,22 @@ import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from farm.core.elf import LIBSTDCXX_VERSION_RE
-from farm.core.inputs import TensorSpec, format_inputs, parse_inputs
+from farm.core.inputs import TensorSpec, format_inputs, inputs_cover, parse_inputs
 from farm.core.specs import CompileOptions, GradMode, MeshLayout, SpecError
 from farm.core.target import Target
 from registry import resolver, service
-from registry.entities import FORMATS, ArtifactRecord
+from registry.entities import FORMATS
 from registry.service import projects, resolve_reads
+from registry.service.read_model_load import ModelView, VersionView, request_buckets
 
+from . import resolve_answer
 from .deps import Reader, State
+from .read_model import Missing
 from .schemas import (
     INPUT_PATTERN,
     NAME_PATTERN,
@@ -46,30 +53,6 @@ from .state import AppState
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["resolve"], responses=PROTECTED)
-
-
-class Candidates:
-    """One version's artifacts as the resolve path needs them (cached), with
-    the name statements a resolve of this ref serves."""
-
-    __slots__ = ("bindings", "json_by_id", "records", "version")
-
-    def __init__(self, version: str, records: list[ArtifactRecord],
-                 bindings: dict[str, Any] | None = None) -> None:
-        self.version = version
-        self.records = records
-        self.json_by_id = {r.id: r.to_json() for r in records}
-        self.bindings = bindings or {"version": None, "alias": None}
-
-
-def _load_candidates(state: AppState, model: str, ref: str | None) -> Candidates | str:
-    """Candidates, or the NotFound message (cached too: a fleet asking for a
-    model that does not exist must not cost a query per node)."""
-    try:
-        version, records, bindings = resolve_reads.candidates_and_bindings(state.db, model, ref)
-    except service.NotFound as exc:
-        return str(exc)
-    return Candidates(version, records, bindings)
 
 
 def parse_grad_mode(text: str) -> GradMode:
@@ -127,28 +110,6 @@ def parse_libstdcxx(text: str | None) -> frozenset[str] | None:
     return frozenset(names)
 
 
-def attestation_of(record: ArtifactRecord, bindings: dict[str, Any] | None) -> dict[str, Any]:
-    """The envelopes a node checks before loading, as they were stored."""
-    build = None
-    if record.attestation:
-        try:
-            build = json.loads(record.attestation)
-        except ValueError:
-            log.warning("artifact %s: stored attestation is not JSON", record.id)
-    b = bindings or {}
-    return {"build": build, "version": b.get("version"), "alias": b.get("alias")}
-
-
-async def artifact_out(state: AppState, request: Request, cands: Candidates,
-                       record: ArtifactRecord) -> dict[str, Any]:
-    return {
-        **cands.json_by_id[record.id],
-        "attestation": attestation_of(record, cands.bindings),
-        "download_url": f"{request.base_url}v1/artifacts/{record.digest}/blob",
-        "version": cands.version,
-    }
-
-
 @router.get(
     "/v1/resolve",
     responses={
@@ -188,7 +149,7 @@ async def resolve(
         max_length=4096,
         description="the GLIBCXX_/CXXABI_ symbol versions the node's libstdc++ provides, "
                     "comma-separated; an AOTI package needing one it lacks is refused")] = None,
-) -> JSONResponse:
+) -> Response:
     specs = parse_inputs(inputs)
     node = Target.parse(target)
     mode = parse_grad_mode(grad_mode)
@@ -197,52 +158,94 @@ async def resolve(
     provides = parse_libstdcxx(libstdcxx)
     node_layout = parse_layout(layout)
 
+    metrics = request.app.state.metrics
+    view = await model_view(state, model)
     if who.projects is not None and not who.allows("admin"):
         # A token confined to its projects (one with project roles): the
         # model's project decides. Farm-wide readers (fleet nodes) skip this.
-        projects.require_read(who, await run_in_threadpool(projects.project_of, state.db, model))
-    key = (model, ref)
-    hit, cached = state.candidates.peek(key)
-    if not hit:
-        cached = await run_in_threadpool(state.candidates.get_or_load, key,
-                                         lambda: _load_candidates(state, model, ref))
-    metrics = request.app.state.metrics
-    if isinstance(cached, str):
+        projects.require_read(who, view.project if isinstance(view, ModelView) else None)
+    version = view.version_for(ref) if isinstance(view, ModelView) else None
+    if version is None:
         # A name that does not exist is the caller's mistake, not a gap in
         # what the farm builds: answered, counted, not recorded.
         metrics.resolves.labels("miss").inc()
-        return JSONResponse({"detail": cached, "rejections": []}, status_code=404)
-    assert isinstance(cached, Candidates)
-    result = resolver.resolve(cached.records, target=node, inputs=specs, grad_mode=mode,
-                              options=opts, formats=wanted, libstdcxx=provides,
-                              layout=node_layout, rank=rank)
-    if result.best is None:
-        metrics.resolves.labels("miss").inc()
-        rejections = [
-            {"digest": r.artifact.digest, "format": r.artifact.format,
-             "target": str(r.artifact.target), "code": r.code, "reason": r.reason}
-            for r in result.rejected
-        ]
-        what = f"{model}@{cached.version}"
-        codes = ", ".join(sorted({r["code"] for r in rejections}))
-        if rejections:
-            detail = (f"no artifact of {what} fits this node: {len(rejections)} "
-                      f"candidate(s) rejected ({codes})")
-        else:
-            detail = f"{what} has no artifacts yet (not built, or its builds are still running)"
-        hint = resolver.dynamic_hint(result, inputs=specs)
-        if hint:
-            detail = f"{detail}; {hint}"
-        await _record_miss(state, model, cached.version, specs, mode, node, rejections)
-        return JSONResponse({"detail": detail, "model": model, "version": cached.version,
-                             "rejections": rejections, "hint": hint}, status_code=404)
-    metrics.resolves.labels("hit").inc()
-    outs = [await artifact_out(state, request, cached, r) for r in result.accepted]
-    return JSONResponse({
-        "model": model, "version": cached.version, "ref": ref,
-        "artifact": outs[0], "alternatives": outs[1:],
-        "why": resolver.why_chosen(result, target=node, inputs=specs),
-    })
+        detail = (view.message if isinstance(view, Missing)
+                  else await run_in_threadpool(_unknown_ref, state, view, ref))
+        return JSONResponse({"detail": detail, "rejections": []}, status_code=404)
+    assert isinstance(view, ModelView)
+    answer = answer_resolve(view, version, ref=ref, node=node, specs=specs, mode=mode,
+                            opts=opts, wanted=wanted, provides=provides,
+                            node_layout=node_layout, rank=rank, base_url=str(request.base_url))
+    if isinstance(answer, bytes):
+        metrics.resolves.labels("hit").inc()
+        return Response(answer, media_type="application/json")
+    metrics.resolves.labels("miss").inc()
+    await _record_miss(state, model, version.version, specs, mode, node, answer["rejections"])
+    return JSONResponse(answer, status_code=404)
+
+
+async def model_view(state: AppState, model: str) -> ModelView | Missing:
+    """The model from the read model (read from SQL, in a worker thread, when not held)."""
+    view = state.read_model.peek(model)
+    if view is None:
+        view = await run_in_threadpool(state.read_model.get, model)
+    return view
+
+
+def _unknown_ref(state: AppState, view: ModelView, ref: str | None) -> str:
+    """The message for a ref the model lacks, as the database path words it
+    (kept on the view, which a change to the model replaces)."""
+    known = view.unknown_refs.get(ref)
+    if known is not None:
+        return known
+    try:
+        resolve_reads.candidates_and_bindings(state.db, view.name, ref)
+    except service.NotFound as exc:
+        if len(view.unknown_refs) >= 1000:  # refs come from clients
+            view.unknown_refs.clear()
+        view.unknown_refs[ref] = str(exc)
+        return str(exc)
+    return f"{view.name}@{ref} was just created; ask again"
+
+
+def answer_resolve(view: ModelView, version: VersionView, *, ref: str | None, node: Target,
+                   specs: tuple[TensorSpec, ...], mode: GradMode, opts: CompileOptions | None,
+                   wanted: list[str] | None, provides: frozenset[str] | None,
+                   node_layout: MeshLayout | None, rank: int | None,
+                   base_url: str) -> bytes | dict[str, Any]:
+    """A hit's body (bytes) or a miss's JSON. Only the candidates in the
+    node's bucket are checked; on a miss, all of them, for their reasons."""
+    kw: dict[str, Any] = {"target": node, "inputs": specs, "grad_mode": mode, "options": opts,
+                          "formats": wanted, "libstdcxx": provides, "layout": node_layout,
+                          "rank": rank}
+    # The few candidates that can load: the node's buckets, those whose input
+    # specs cover the request (checked here without writing a reason each).
+    maybe = [r for b in request_buckets(mode, node) for r in version.buckets.get(b, ())
+             if inputs_cover(r.inputs, specs)]
+    result = resolver.resolve(maybe, **kw)
+    if result.best is not None:
+        why = resolver.why_chosen(result, target=node, inputs=specs,
+                                  rejected=len(version.records) - len(result.accepted))
+        return resolve_answer.hit_body(view=view, version=version, ref=ref, result=result,
+                                       why=why, base_url=base_url)
+    result = resolver.resolve(version.records, **kw)
+    rejections = [
+        {"digest": r.artifact.digest, "format": r.artifact.format,
+         "target": str(r.artifact.target), "code": r.code, "reason": r.reason}
+        for r in result.rejected
+    ]
+    what = f"{view.name}@{version.version}"
+    codes = ", ".join(sorted({r["code"] for r in rejections}))
+    if rejections:
+        detail = (f"no artifact of {what} fits this node: {len(rejections)} "
+                  f"candidate(s) rejected ({codes})")
+    else:
+        detail = f"{what} has no artifacts yet (not built, or its builds are still running)"
+    hint = resolver.dynamic_hint(result, inputs=specs)
+    if hint:
+        detail = f"{detail}; {hint}"
+    return {"detail": detail, "model": view.name, "version": version.version,
+            "rejections": rejections, "hint": hint}
 
 
 async def _record_miss(state: AppState, model: str, version: str | None,

@@ -16,6 +16,7 @@ from registry.auth import Authenticator
 from registry.blobstore import DEFAULT_PRESIGN_EXPIRES_S, BlobStore
 from registry.db import Database
 
+from .read_model import ReadModel
 from .signer import NameSigner
 
 if TYPE_CHECKING:
@@ -161,8 +162,8 @@ class AppState:
     enqueue: Enqueue
     signer: NameSigner
     auth: Authenticator
-    # (model, ref or None) -> (version, candidates) or NotFound
-    candidates: TTLCache[tuple[str, str | None], Any]
+    # every model's resolve candidates, kept current from the database
+    read_model: ReadModel
     # whole resolve answers by (query string, Host); see middleware.ResponseCache
     resolve_responses: TTLCache[tuple[bytes, bytes], Any] = field(
         default_factory=lambda: TTLCache(0.0))

@@ -346,7 +346,7 @@ def test_resolve_serves_stored_attestations_and_signs_nothing(api: Api) -> None:
     assert [a["format"] for a in body["alternatives"]] == ["aot_compile"]
     assert best["version"] == "1" and best["target"] == str(CPU)
     assert best["download_url"].endswith(f"/v1/artifacts/{art['digest']}/blob")
-    assert best["attestation"] == {"build": None, "version": None, "alias": None}
+    assert best["attestation"] == {"build_statement": None, "version": None, "alias": None}
     # The legacy per-row signature is gone: the build statement is what nodes check.
     assert "signature" not in best
     with api.db.session() as s:

@@ -145,6 +145,63 @@ def test_a_good_answer_loads(farm: FaultFarm, tmp_path: Path) -> None:
         assert path.stat().st_size == verified.size
 
 
+class Recorder(httpx.BaseTransport):
+    """The node's connection, recording the paths it asks for; with
+    ``statement``, a proxy that answers every build statement request with
+    those bytes instead."""
+
+    def __init__(self, statement: bytes | None = None) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.statement = statement
+        self.paths: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        if self.statement is not None and request.url.path.startswith("/v1/attestations/"):
+            return httpx.Response(200, content=self.statement, request=request,
+                                  headers={"content-type": "application/json"})
+        return self.inner.handle_request(request)
+
+
+def test_the_build_statement_comes_by_digest_once_and_a_swapped_one_is_refused(
+    farm: FaultFarm, tmp_path: Path, never_loaded: list[Any]
+) -> None:
+    # The answer names the build statement (which holds the weights manifest)
+    # by digest instead of carrying it.
+    with farm.http() as c:
+        raw = c.get("/v1/resolve", params=[("model", "victim"), ("ref", "prod"),
+                                           ("target", str(node_target())),
+                                           ("input", INPUTS[0])]).json()
+    named = raw["artifact"]["attestation"]["build_statement"]
+    assert "build" not in raw["artifact"]["attestation"]
+    assert "weights_manifest" not in json.dumps(raw)
+    t = Recorder()
+    with node(farm, tmp_path / "n", transport=t) as client:
+        for _ in range(2):
+            path, verified = client.fetch_verified(resolve(client, "victim", "prod"))
+            assert verified.version == "1" and path.stat().st_size == verified.size
+    # Fetched once, kept by digest, and it is what the build's worker signed.
+    assert t.paths.count(named["url"]) == 1
+    kept = tmp_path / "n" / "statements" / f"{named['digest']}.json"
+    assert hashlib.sha256(kept.read_bytes()).hexdigest() == named["digest"]
+    # A proxy that serves another (genuine, signed) statement under this
+    # digest, victim@2's build's: refused by the digest, before any
+    # signature is looked at.
+    with farm.http() as c:
+        other = c.get("/v1/resolve", params=[("model", "victim"), ("ref", "2"),
+                                             ("target", str(node_target())),
+                                             ("input", INPUTS[0])]).json()
+        theirs = c.get(other["artifact"]["attestation"]["build_statement"]["url"]).content
+    assert hashlib.sha256(theirs).hexdigest() != named["digest"]
+    from farm.node.errors import IntegrityError
+
+    with node(farm, tmp_path / "n2", transport=Recorder(statement=theirs)) as client, \
+            pytest.raises(IntegrityError, match="does not hash to its digest"):
+        client.load(resolve(client, "victim", "prod"))
+    assert cached_blobs(tmp_path / "n2") == []
+    assert never_loaded == []
+
+
 def test_forged_row_with_the_attackers_blob_is_refused(
     farm: FaultFarm, tmp_path: Path, never_loaded: list[Any]
 ) -> None:

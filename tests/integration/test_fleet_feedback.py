@@ -107,6 +107,8 @@ def test_reports_are_stored_counted_and_grouped(api: Api) -> None:
 
 @pytest.mark.parametrize(("patch", "needle"), [
     ({"kind": "crashed"}, "kind"),
+    ({"kind": {}}, "kind"),  # not even hashable: the plain-ASGI reader must not 500
+    ({"seconds": "slow"}, "seconds"),
     ({"inputs": ["float32[8,"]}, "float32[8,"),
     ({"target": "cpu/python=3.11"}, "incomplete target"),
     ({"grad_mode": "sideways"}, "grad_mode"),
