@@ -22,6 +22,15 @@ def fake_compiler(d: Path, name: str) -> str:
     return str(p)
 
 
+def cxx_wrapper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A ``$CXX`` off PATH, as the GPU image sets one (/opt/gcc/bin/g++)."""
+    other = tmp_path / "opt"
+    other.mkdir()
+    wrapper = fake_compiler(other, "wrapper-g++")
+    monkeypatch.setenv("CXX", wrapper)
+    return wrapper
+
+
 @pytest.fixture
 def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A PATH of its own, a cache file of its own, no CXX."""
@@ -80,10 +89,7 @@ def test_a_missing_cxx_is_listed_and_rejected(
 def test_the_first_that_passes_is_chosen_and_remembered(
     bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    other = tmp_path / "opt"
-    other.mkdir()
-    wrapper = fake_compiler(other, "wrapper-g++")
-    monkeypatch.setenv("CXX", wrapper)
+    wrapper = cxx_wrapper(tmp_path, monkeypatch)
     gxx = fake_compiler(bin_dir, "g++")
     fake_compiler(bin_dir, "g++-12")
     static = "links no shared libstdc++.so.6 (a static copy)"
@@ -237,10 +243,7 @@ def test_the_chosen_compiler_does_not_change_the_question(
     # children inherit that CXX and ask again before every build. They must
     # get the cached answer, not probe every compiler anew (seen on a GPU
     # host: ~95 s before the first build compiled).
-    other = tmp_path / "opt"
-    other.mkdir()
-    wrapper = fake_compiler(other, "wrapper-g++")
-    monkeypatch.setenv("CXX", wrapper)
+    wrapper = cxx_wrapper(tmp_path, monkeypatch)
     gxx = fake_compiler(bin_dir, "g++")
     probes = Probes({"wrapper-g++": [Probe("links no shared libstdc++.so.6")],
                      "g++": [Probe("ok"), Probe("ok")]})
