@@ -205,6 +205,7 @@ _ARTIFACT_COLUMNS = (
     *(_A.meta[k] for k in ANSWER_META_KEYS),
 )
 _N_FIXED = 20
+_STATEMENT = _N_FIXED - 1  # attestation_sha256, the last fixed column
 
 
 def _record(row: Sequence[Any], interned: _Interned) -> ArtifactRecord:
@@ -348,5 +349,5 @@ def _fill(s: Any, by_id: dict[int, ModelView], interned: _Interned) -> dict[str,
                 )
             )
         ):
-            versions[row[0]][1].add(_record(row, interned), row[20])
+            versions[row[0]][1].add(_record(row, interned), row[_STATEMENT])
     return by_name
