@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from sqlalchemy import Engine, select
 from farm.core.net import free_port
 from registry import models as m
 from tests.fixtures.db import _truncate_if_dirty
-from tests.fixtures.farm import _wait_http
+from tests.fixtures.farm import _wait_http, start_api
 from tests.integration.test_api import (
     ADMIN_TOKEN,
     Api,
@@ -79,24 +78,7 @@ def second_api(pg_api: Api, tmp_path: Path) -> Iterator[str]:
         }
     )
     log = tmp_path / "api2.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "farm.app.cli",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                "1",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    proc = start_api(env, port, log, "--workers", "1")
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http(url, proc, log)
