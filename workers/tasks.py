@@ -301,7 +301,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
 def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint: str,
                       taken: list[TakenArtifact], *, compile_s: float, paths: list[str],
                       isolation: Isolation | None, cache: CacheSession | None,
-                      limits: str = "", clock: BuildTimings | None = None) -> None:
+                      clock: BuildTimings, limits: str = "") -> None:
     """Verify, upload and sign the worker's copies of a build's artifacts."""
     from farm.build import provenance
     from farm.build.verify import verify_artifact
@@ -309,7 +309,6 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
     db = context.database()
     store = context.blob_store()
     s = context.settings()
-    clock = clock if clock is not None else BuildTimings()
     new: list[service.NewArtifact] = []
     logs: list[str] = [f"compiled in {compile_s:.1f} s; limits: {limits}"]
     failures: list[str] = []
