@@ -19,8 +19,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, get_args
 
+from annotated_types import MaxLen
+from pydantic.fields import FieldInfo
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from farm.core.specs import SpecError
@@ -28,23 +30,28 @@ from farm.core.target import TargetError
 
 from .middleware import send_json_bytes
 from .report_sink import ReportSink
-from .reports import _row
+from .reports import ReportBatchIn, ReportIn, _row
 
-# ReportIn's fields: (type check, max length) (registry.api.reports.ReportIn)
-_KINDS = frozenset({"miss", "guard_failure", "fallback", "load"})
-_GRAD_MODES = ("inference", "training")
+
+def _max_length(field: FieldInfo) -> int:
+    return next(c.max_length for c in field.metadata if isinstance(c, MaxLen))
+
+
+# What the route's models accept (registry.api.reports.ReportIn, ReportBatchIn),
+# read from them: the fast reader must never take what the route would refuse.
+_FIELDS = ReportIn.model_fields
+_ALLOWED = frozenset(_FIELDS)
+_KINDS = frozenset(get_args(_FIELDS["kind"].annotation))
+_GRAD_MODES = get_args(_FIELDS["grad_mode"].annotation)
 _STR_FIELDS = {
-    "model": 128,
-    "ref": 64,
-    "version": 64,
-    "target": 512,
-    "format": 32,
-    "digest": 64,
-    "code": 32,
-    "reason": 2000,
+    name: _max_length(_FIELDS[name])
+    for name in ("model", "ref", "version", "target", "format", "digest", "code", "reason")
 }
-_OPTIONAL = ("ref", "version", "format", "digest", "code", "reason")
-_MAX_REPORTS = 1000
+_OPTIONAL = tuple(name for name in _STR_FIELDS if not _FIELDS[name].is_required())
+_MAX_INPUTS = _max_length(_FIELDS["inputs"])
+_MAX_INPUT_LENGTH = _max_length(get_args(get_args(_FIELDS["inputs"].annotation)[0])[1])
+_MAX_NODE = _max_length(ReportBatchIn.model_fields["node"])
+_MAX_REPORTS = _max_length(ReportBatchIn.model_fields["reports"])
 
 
 class _NotOrdinary(Exception):
@@ -69,8 +76,8 @@ def _report(raw: Any) -> SimpleNamespace:
     inputs = raw.get("inputs")
     if (
         not isinstance(inputs, list)
-        or not 1 <= len(inputs) <= 64
-        or not all(isinstance(i, str) and len(i) <= 256 for i in inputs)
+        or not 1 <= len(inputs) <= _MAX_INPUTS
+        or not all(isinstance(i, str) and len(i) <= _MAX_INPUT_LENGTH for i in inputs)
     ):
         raise _NotOrdinary
     seconds = raw.get("seconds")
@@ -86,25 +93,6 @@ def _report(raw: Any) -> SimpleNamespace:
     return SimpleNamespace(**values)
 
 
-_ALLOWED = frozenset(
-    {
-        "kind",
-        "model",
-        "ref",
-        "version",
-        "inputs",
-        "grad_mode",
-        "target",
-        "format",
-        "digest",
-        "code",
-        "reason",
-        "seconds",
-        "at",
-    }
-)
-
-
 def rows_of(body: bytes) -> list[dict[str, Any]]:
     """The rows of an ordinary batch (``_NotOrdinary`` otherwise)."""
     try:
@@ -115,7 +103,7 @@ def rows_of(body: bytes) -> list[dict[str, Any]]:
         raise _NotOrdinary
     node = batch.get("node")
     reports = batch.get("reports")
-    if node is not None and (not isinstance(node, str) or len(node) > 256):
+    if node is not None and (not isinstance(node, str) or len(node) > _MAX_NODE):
         raise _NotOrdinary
     if not isinstance(reports, list) or not 1 <= len(reports) <= _MAX_REPORTS:
         raise _NotOrdinary

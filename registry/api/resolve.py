@@ -110,6 +110,14 @@ def parse_libstdcxx(text: str | None) -> frozenset[str] | None:
     return frozenset(names)
 
 
+# The bounds of a resolve's parameters, one source for the route's Query
+# declarations and for the plain-ASGI path (registry.api.resolve_fast), which
+# answers only what the route would accept.
+MAX_LENGTH = {"model": 128, "target": 512, "ref": 64, "grad_mode": 16, "options": 512,
+              "layout": 256, "libstdcxx": 4096}
+MAX_INPUTS, MAX_FORMATS, MAX_RANK = 64, 8, 1 << 20
+
+
 @router.get(
     "/v1/resolve",
     responses={
@@ -123,30 +131,31 @@ async def resolve(
     request: Request,
     state: State,
     who: Reader,
-    model: Annotated[str, Query(max_length=128, description="model name",
+    model: Annotated[str, Query(max_length=MAX_LENGTH["model"], description="model name",
                                 json_schema_extra={"pattern": NAME_PATTERN})],
-    target: Annotated[str, Query(max_length=512, description="the node's full target string",
+    target: Annotated[str, Query(max_length=MAX_LENGTH["target"],
+                                 description="the node's full target string",
                                  json_schema_extra={"pattern": TARGET_PATTERN})],
-    inputs: Annotated[list[str], Query(alias="input", min_length=1, max_length=64,
+    inputs: Annotated[list[str], Query(alias="input", min_length=1, max_length=MAX_INPUTS,
                                        description="input specs, e.g. float32[8,64]",
                                        json_schema_extra={"items": {"type": "string",
                                                                     "pattern": INPUT_PATTERN}})],
-    ref: Annotated[str | None, Query(max_length=64,
+    ref: Annotated[str | None, Query(max_length=MAX_LENGTH["ref"],
                                      description="version or alias; default: 'latest' "
                                                  "alias, else the newest version")] = None,
-    grad_mode: Annotated[str, Query(max_length=16)] = "inference",
-    formats: Annotated[list[str] | None, Query(alias="format", max_length=8,
+    grad_mode: Annotated[str, Query(max_length=MAX_LENGTH["grad_mode"])] = "inference",
+    formats: Annotated[list[str] | None, Query(alias="format", max_length=MAX_FORMATS,
                                                description="formats the node can load")] = None,
-    options: Annotated[str | None, Query(max_length=512,
+    options: Annotated[str | None, Query(max_length=MAX_LENGTH["options"],
                                          description="compile options as JSON")] = None,
     layout: Annotated[str | None, Query(
-        max_length=256,
+        max_length=MAX_LENGTH["layout"],
         description="the node's process group as JSON: world_size, mesh_shape, "
                     "mesh_dim_names; omitted: one process")] = None,
-    rank: Annotated[int | None, Query(ge=0, le=1 << 20,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_RANK,
                                       description="the node's rank in layout")] = None,
     libstdcxx: Annotated[str | None, Query(
-        max_length=4096,
+        max_length=MAX_LENGTH["libstdcxx"],
         description="the GLIBCXX_/CXXABI_ symbol versions the node's libstdc++ provides, "
                     "comma-separated; an AOTI package needing one it lacks is refused")] = None,
 ) -> Response:

@@ -29,6 +29,10 @@ from registry.service.read_model_load import ModelView
 from .middleware import auth_and_host, send_json_bytes
 from .read_model import ReadModel
 from .resolve import (
+    MAX_FORMATS,
+    MAX_INPUTS,
+    MAX_LENGTH,
+    MAX_RANK,
     answer_resolve,
     parse_formats,
     parse_grad_mode,
@@ -37,19 +41,8 @@ from .resolve import (
     parse_options,
 )
 
-# The route's bounds (registry.api.resolve.resolve's Query declarations).
-_SINGLE = {
-    "model": 128,
-    "target": 512,
-    "ref": 64,
-    "grad_mode": 16,
-    "options": 512,
-    "layout": 256,
-    "libstdcxx": 4096,
-    "rank": 16,
-}
-_MAX_INPUTS, _MAX_FORMATS = 64, 8
-_MAX_RANK = 1 << 20
+# The route's bounds; rank is read as text first (at most 16 characters).
+_SINGLE = {**MAX_LENGTH, "rank": 16}
 _PARSED_MAX = 4096
 
 
@@ -151,8 +144,8 @@ class FastResolve:
             model is None
             or target is None
             or not inputs
-            or len(inputs) > _MAX_INPUTS
-            or len(formats) > _MAX_FORMATS
+            or len(inputs) > MAX_INPUTS
+            or len(formats) > MAX_FORMATS
         ):
             raise _NotOrdinary
         view = self.read_model.peek(model)
@@ -166,7 +159,7 @@ class FastResolve:
         rank_text = single.get("rank")
         rank = None
         if rank_text is not None:
-            if not rank_text.isdigit() or int(rank_text) > _MAX_RANK:
+            if not rank_text.isdigit() or int(rank_text) > MAX_RANK:
                 raise _NotOrdinary
             rank = int(rank_text)
         mode: GradMode = p.value("grad_mode", single.get("grad_mode", "inference"), parse_grad_mode)
