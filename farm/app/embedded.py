@@ -273,7 +273,12 @@ def decide_isolation(env: dict[str, str]) -> str:
     for the workers: the user reads it here, once, instead of in a warning
     buried in every build's log. ``on`` that cannot isolate refuses to start,
     as a production worker does."""
-    from farm.build.sandbox import SandboxUnavailable, isolation_unavailable, sandbox_mode
+    from farm.build.sandbox import (
+        SandboxUnavailable,
+        configured_uid,
+        isolation_unavailable,
+        sandbox_mode,
+    )
 
     try:
         mode = sandbox_mode(env.get("FARM_SANDBOX"))
@@ -281,7 +286,7 @@ def decide_isolation(env: dict[str, str]) -> str:
         raise SystemExit(f"farm: error: {exc}") from None
     if mode == "off":
         return "builds run model code UNISOLATED (FARM_SANDBOX=off: for development only)"
-    why = isolation_unavailable()
+    why = isolation_unavailable(configured_uid())
     if why is None:
         return "builds isolated (bubblewrap sandbox)"
     if mode == "on":

@@ -525,6 +525,13 @@ def sandbox_mode(value: str | None = None) -> str:
     return mode
 
 
+def configured_uid() -> int:
+    """The uid builds run as (``FARM_SANDBOX_UID``), which the isolation probe checks."""
+    from farm.core.settings import get_settings
+
+    return int(getattr(get_settings(), "farm_sandbox_uid", DEFAULT_SANDBOX_UID))
+
+
 def build_isolation(*, readonly: Sequence[str | Path] = (), writable: Sequence[str | Path] = (),
                     mode: str | None = None, uid: int | None = None,
                     what: str = "build") -> Isolation | None:
@@ -534,9 +541,7 @@ def build_isolation(*, readonly: Sequence[str | Path] = (), writable: Sequence[s
     when isolation is impossible (a worker checks at start, so this is rare)."""
     mode = sandbox_mode(mode)
     if uid is None:
-        from farm.core.settings import get_settings
-
-        uid = int(getattr(get_settings(), "farm_sandbox_uid", DEFAULT_SANDBOX_UID))
+        uid = configured_uid()
     if mode == "off":
         _warn_once("FARM_SANDBOX=off: builds run model code unisolated, where it can read "
                    "this worker's credentials; for development only")
@@ -574,10 +579,7 @@ def check_worker_can_isolate(mode: str | None = None) -> None:
                     "this worker's credentials (database, broker, bucket, signing key); "
                     "for development only")
         return
-    from farm.core.settings import get_settings
-
-    why = isolation_unavailable(int(getattr(get_settings(), "farm_sandbox_uid",
-                                            DEFAULT_SANDBOX_UID)))
+    why = isolation_unavailable(configured_uid())
     if why is None:
         return
     if mode == "on":
