@@ -13,6 +13,7 @@ against its own request (``farm.node.verify``).
 from __future__ import annotations
 
 import hashlib
+import threading
 from typing import Annotated
 
 import cachetools
@@ -37,19 +38,17 @@ router = APIRouter(tags=["artifacts"])
 _CACHE_BYTES = 64 << 20
 
 
-class _Served:
-    def __init__(self) -> None:
-        self.cache: cachetools.LRUCache[str, bytes] = cachetools.LRUCache(
-            maxsize=_CACHE_BYTES, getsizeof=len
-        )
-
-
-_served = _Served()
+_served: cachetools.LRUCache[str, bytes] = cachetools.LRUCache(
+    maxsize=_CACHE_BYTES, getsizeof=len
+)
+# statement_bytes runs in the thread pool, and an LRU reorders itself on reads.
+_served_lock = threading.Lock()
 
 
 def statement_bytes(db: Database, digest: str) -> bytes | None:
     """The stored statement whose sha256 is ``digest`` (None: no such one)."""
-    hit = _served.cache.get(digest)
+    with _served_lock:
+        hit = _served.get(digest)
     if hit is not None:
         return hit
     with db.session() as s:
@@ -64,7 +63,8 @@ def statement_bytes(db: Database, digest: str) -> bytes | None:
     if hashlib.sha256(data).hexdigest() != digest:
         return None
     if len(data) <= _CACHE_BYTES // 16:
-        _served.cache[digest] = data
+        with _served_lock:
+            _served[digest] = data
     return data
 
 
