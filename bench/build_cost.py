@@ -123,9 +123,9 @@ def main() -> None:
                          "(e.g. max-autotune-no-cudagraphs)")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                     help="a compile option for every build, e.g. regional=true")
-    ap.add_argument("--precompiled-headers", action="store_true",
-                    help="let the children build torch's precompiled header, as builds "
-                         "did before (farm.build.steps.compile_env turns it off)")
+    ap.add_argument("--no-header-store", action="store_true",
+                    help="compile kernels without this machine's precompiled headers "
+                         "(farm.build.pch), as builds did before")
     ap.add_argument("--fresh", action="store_true",
                     help="start every compile child as a new interpreter (no warm zygote)")
     ap.add_argument("--graph-check", action="store_true",
@@ -135,9 +135,20 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="also write the table here")
     args = ap.parse_args()
 
+    if args.no_header_store:
+        os.environ["FARM_PCH_STORE"] = "off"
     import torch
 
+    from farm.build import pch
     from farm.core.target import detect_local_target
+
+    # Once per machine and toolchain, as a compile worker does at its start:
+    # not part of any build.
+    t0 = time.perf_counter()
+    filled = pch.fill_store()
+    headers = ("off" if args.no_header_store else
+               f"from {pch.store_dir()} ({filled.get('skipped') or filled.get('error') or 'filled'}"
+               f" in {time.perf_counter() - t0:.1f} s, once per machine and toolchain)")
 
     target = str(detect_local_target(args.device))
     options = dict(o.split("=", 1) for o in args.option)
@@ -166,7 +177,7 @@ def main() -> None:
         "# run: the compile step called directly (no farm servers), in sandboxed children, "
         "with the worker's cache wiring over a directory store; aot_compile only",
         "# build s: the compile child's wall time; torch s: torch.compile's part of it; "
-        f"precompiled headers {'on' if args.precompiled_headers else 'off'}; load average "
+        f"precompiled headers {headers}; load average "
         f"{os.getloadavg()[0]:.1f} at the start",
         f"# children: {'new interpreters (--fresh)' if args.fresh else 'forked from a warm zygote'}"
         f"; graph check {'on' if args.graph_check else 'off'}",
@@ -179,8 +190,7 @@ def main() -> None:
         store = DirCacheStore(Path(tmp) / "store")
         ns = namespace(target, "bench")
         cold_s = cold_torch = 0.0
-        env = ({"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1"}
-               if args.precompiled_headers else None)
+        env = None
         for i, (name, job) in enumerate(cases):
             fp = fingerprint(job, timeout_s=args.timeout_s)[0] if args.graph_check else None
             r = compile_once(job, device=args.device, store=store, ns=ns,

@@ -78,6 +78,8 @@ def pytest_configure(config: pytest.Config) -> None:
     d = tempfile.mkdtemp(prefix="farm-test-machine-")
     os.environ.setdefault("FARM_ISA_CACHE", os.path.join(d, "cpu-isa.json"))
     os.environ.setdefault("FARM_AOTI_CHECK_CACHE", os.path.join(d, "aoti-check.json"))
+    # And the precompiled headers compile workers fill (farm.build.pch).
+    os.environ.setdefault("FARM_PCH_STORE", os.path.join(d, "pch"))
     # Time limits in tests scale with this (tests/slowdown.py).
     slowdown.factor()
     # xdist workers take consecutive Redis databases from one random base,

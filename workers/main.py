@@ -47,6 +47,11 @@ def run_worker(
                   flush=True)
         else:
             print(AOTI_OFF, flush=True)
+        # This machine's precompiled C++ headers, once per toolchain, beside
+        # the first builds (which compile without them until they are there).
+        from farm.build.pch import fill_in_background
+
+        fill_in_background()
     else:
         raise SystemExit(f"unknown worker kind {kind!r}; known: trace, compile")
     lifecycle.configure(kind=kind, queue=queue, target=target)

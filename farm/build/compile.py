@@ -74,6 +74,7 @@ from farm.build.fake_weights import (
 from farm.build.graph_identity import aot_cache_outcome, stable_graph_id
 from farm.build.guards import GuardPolicy, global_state
 from farm.build.weightless import build_for_compile
+from farm.core import precompiled_headers
 from farm.core.cpu_isa import detect_cpu_isa
 from farm.core.digests import sha256_file
 from farm.core.inputs import call_args
@@ -175,6 +176,9 @@ def compile_artifacts(
     ``cxx`` is the C++ compiler the caller's check chose (a worker's payload
     names it to its build child); None: chosen here, from this machine's cache.
     """
+    # This machine's precompiled headers, where the worker gave their store
+    # (farm.build.pch); a second call changes nothing.
+    precompiled_headers.install_from_env()
     if spec.options.parallel is not None and build_mesh() is None:
         # One process playing rank 0 of the layout (farm.core.parallel).
         with fake_group(spec.options.parallel, torch.device(target_device).type):

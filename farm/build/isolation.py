@@ -17,6 +17,7 @@ from pathlib import Path
 
 from farm.build import syscall_filter
 from farm.build.child_env import compiler_free_dir
+from farm.core.precompiled_headers import CHILD_ENV
 
 SANDBOX_MODES = ("on", "auto", "off")
 DEFAULT_SANDBOX_UID = 65534
@@ -215,6 +216,10 @@ def bwrap_argv(
         if exe and os.path.isabs(exe) and Path(exe).exists():
             where = Path(exe).resolve().parent
             bind("ro", where.parent if where.name == "bin" else where)
+    headers = env.get(CHILD_ENV)
+    if headers and os.path.isabs(headers) and Path(headers).is_dir():
+        # This machine's precompiled headers (farm.build.pch): read, never written.
+        bind("ro", Path(headers).resolve())
     nocc = compiler_free_dir()
     for entry in env.get("PATH", "").split(os.pathsep):
         if nocc is not None and entry == str(nocc):

@@ -39,8 +39,9 @@ def compile_env(build_dir: str | Path) -> dict[str, str]:
 def toolchain_env() -> dict[str, str]:
     """What a compile worker's children read at import about the C++
     toolchain: the compiler this worker chose (``farm.build.toolchain``),
-    named rather than left to the inherited ``CXX``; no precompiled headers;
-    Inductor's ISA checks skipped where they are redundant.
+    named rather than left to the inherited ``CXX``; precompiled headers from
+    this machine's store only (``farm.build.pch``); Inductor's ISA checks
+    skipped where they are redundant.
 
     The compile child and the verification of an aot_compile artifact both
     carry it, so both fork from one zygote (``farm.build.zygote`` keeps one
@@ -48,20 +49,21 @@ def toolchain_env() -> dict[str, str]:
     started a second, 4 s of CPU and an interpreter's memory). The verifier
     compiles nothing with it: loading must not compile at all, and it checks
     that (``farm.build.compile_watch``)."""
+    from farm.build import pch
     from farm.build.toolchain import current_compiler
     from farm.core.cpu_isa import isa_check_env
 
     env = {
-        # No precompiled header for CPU kernels: torch keeps it under /tmp
-        # (default_cache_dir, whatever TORCHINDUCTOR_CACHE_DIR says), a fresh
-        # tmpfs in the sandbox, and builds it (150 MB, 30 s on 2 cores) before
-        # it can even compute a kernel's cache key: every build paid it, and a
-        # build whose kernels all come from the shared cache
-        # (farm.build.compile_cache) still did. bench/build_cost.py measures it.
-        # An operator's TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=1 in the
-        # worker's environment restores torch's default.
+        # torch's own precompiled header stays off at import: it keeps the
+        # header under /tmp (the sandbox's, emptied after every child) and
+        # builds it (150 MB, 30 s on 2 cores) before it even computes a
+        # kernel's key. The header comes from this machine's read-only store
+        # instead (farm.build.pch), which the child's compile turns on
+        # (farm.core.precompiled_headers.install_from_env). An operator's
+        # TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=1 restores torch's way.
         "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS":
             os.environ.get("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0"),
+        **pch.child_env(),
     }
     cxx = current_compiler()
     if cxx is not None:

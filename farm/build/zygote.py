@@ -571,6 +571,11 @@ def main() -> int:
                 importlib.import_module(name)
         if "farm.build.compile" in preload:
             _warm_answers(slot)
+            # Its children inherit the hook (farm.build.pch); they install it
+            # again, which changes nothing.
+            from farm.core.precompiled_headers import install_from_env
+
+            install_from_env()
     finally:
         if nvml_check:
             os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)

@@ -37,6 +37,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from farm.core.precompiled_headers import CHILD_ENV, install
+
 MAGIC = b"PK\x03\x04"
 ARTIFACT = "aot_compile.bin"
 META = "bundle.json"
@@ -155,11 +157,14 @@ def adopt_header_precompile(meta: dict[str, Any]) -> bool:
     """Precompiled headers on or off in this process as on the builder
     (``precompiled_headers``), unless the operator set
     ``TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS``: the setting is a define on
-    the kernels' command line, so in their keys. The farm's compile workers
-    build without (farm.build.steps.compile_env), and then so does the node,
-    which also spares it the header itself: Inductor builds it (150 MB, about
-    30 s on 2 cores, under /tmp) before it even looks for a kernel library.
-    Returns whether it changed the setting."""
+    the kernels' command line, so in their keys. On, it is on through
+    ``farm.core.precompiled_headers.install``: headers from the store a
+    worker gave (``TORCH_FARM_PCH_STORE``, a verification child) or none, so
+    the node never builds one itself (Inductor's own way builds it, 150 MB
+    and about 30 s on 2 cores under /tmp, before it even looks for a kernel
+    library). Where this torch has no such hook the setting stays off: the
+    shipped kernels' keys then miss and the node compiles them, which is
+    still quicker. Returns whether it changed the setting."""
     wanted = meta.get("precompiled_headers")
     if not isinstance(wanted, bool):
         return False
@@ -167,7 +172,9 @@ def adopt_header_precompile(meta: dict[str, Any]) -> bool:
         return False
     from torch._inductor import config
 
-    if config.cpp_cache_precompile_headers == wanted:
-        return False
-    config.cpp_cache_precompile_headers = wanted
-    return True
+    before = config.cpp_cache_precompile_headers
+    if wanted:
+        install(os.environ.get(CHILD_ENV))
+    else:
+        config.cpp_cache_precompile_headers = False
+    return bool(config.cpp_cache_precompile_headers != before)

@@ -1,0 +1,205 @@
+"""Precompiled C++ headers from a read-only store (farm.build.pch,
+farm.core.precompiled_headers): a build uses what the store holds, never
+builds a header itself, and cannot change the store another build reads."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from farm.build.isolation import Isolation
+from farm.build.sandbox import run_isolated
+from farm.core import precompiled_headers
+from farm.core.precompiled_headers import CHILD_ENV, header_key
+from tests.sandbox_required import require_sandbox
+
+
+@pytest.fixture
+def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
+    """torch's own header precompile replaced by one that records its calls
+    (it would build 150 MB), the farm's hook and Inductor's setting restored
+    afterwards."""
+    from torch._inductor import codecache
+    from torch._inductor import config as inductor_config
+
+    calls: list[tuple[str, str]] = []
+
+    def torch_precompile(header: str, cmd: str, **options: Any) -> str:
+        calls.append((header, cmd))
+        raise AssertionError("torch's header precompile ran")
+
+    monkeypatch.setattr(codecache, "_precompile_header", torch_precompile)
+    monkeypatch.setattr(precompiled_headers, "_installed", {})
+    with inductor_config.patch({"cpp_cache_precompile_headers": False}):
+        yield calls
+
+
+def _compile_a_cpu_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x.sin() * 2).softmax(-1), backend="inductor")
+    x = torch.randn(8, 33)
+    torch.testing.assert_close(f(x), (x.sin() * 2).softmax(-1))
+
+
+def test_without_a_store_kernels_compile_and_no_header_is_built(
+        hook: list[tuple[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor import config as inductor_config
+
+    assert precompiled_headers.install(None)
+    assert inductor_config.cpp_cache_precompile_headers  # the define, as the builder had it
+    _compile_a_cpu_kernel(tmp_path, monkeypatch)
+    assert hook == []
+
+
+def test_a_header_missing_from_the_store_is_skipped_not_built(
+        hook: list[tuple[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    assert precompiled_headers.install(store)
+    _compile_a_cpu_kernel(tmp_path, monkeypatch)
+    assert hook == [] and list(store.iterdir()) == []
+
+
+def test_a_header_in_the_store_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       hook: list[tuple[str, str]]) -> None:
+    from torch._inductor import codecache
+
+    store = tmp_path / "store"
+    store.mkdir()
+    assert precompiled_headers.install(store)
+    options = {"device_type": "cpu", "shared": True}
+    key = header_key("torch/csrc/inductor/cpp_prefix.h", "g++ i -O3", options)
+    (store / f"{key}.h").write_text("#include <torch/csrc/inductor/cpp_prefix.h>\n")
+    (store / f"{key}.h.gch").write_bytes(b"gch")
+    got = codecache._precompile_header("torch/csrc/inductor/cpp_prefix.h", "g++ i -O3",
+                                       **options)
+    assert got == str(store / f"{key}.h")
+    other = codecache._precompile_header("torch/csrc/inductor/cpp_prefix.h", "g++ i -O2",
+                                         **options)
+    assert other is None and hook == []
+
+
+class _Isa:
+    """Like Inductor's VecISA: its str names the ISA, its repr an address."""
+
+    def __str__(self) -> str:
+        return "avx512"
+
+    def __repr__(self) -> str:
+        return f"<_Isa at {id(self):#x}>"
+
+
+def test_the_key_is_the_same_in_every_process() -> None:
+    # The store is filled by one process and read by others: an ISA object's
+    # repr (an address) in the key made every reader miss.
+    a = header_key("h", "cmd", {"vec_isa": _Isa(), "shared": True})
+    b = header_key("h", "cmd", {"shared": True, "vec_isa": _Isa()})
+    assert a == b
+    assert a != header_key("h", "cmd -mavx2", {"vec_isa": _Isa(), "shared": True})
+
+
+ATTACK = textwrap.dedent('''
+    import os
+    from pathlib import Path
+
+
+    def attack(p):
+        store = Path(os.environ["TORCH_FARM_PCH_STORE"])
+        out = {"read": (store / "k.h.gch").read_bytes().decode()}
+        for name, act in {
+            "overwrite": lambda: (store / "k.h.gch").write_bytes(b"poisoned"),
+            "replace": lambda: (store / "new").write_bytes(b"x") or os.replace(store / "new", store / "k.h.gch"),
+            "unlink": lambda: (store / "k.h.gch").unlink(),
+            "add": lambda: (store / "evil.h.gch").write_bytes(b"x"),
+            "chmod": lambda: os.chmod(store / "k.h.gch", 0o666),
+        }.items():
+            try:
+                act()
+                out[name] = "done"
+            except OSError as exc:
+                out[name] = type(exc).__name__
+        return out
+''')
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["fresh child", "forked child"])
+def test_a_build_child_cannot_change_the_store(
+        warm: bool, build_tmp_factory: Callable[[str], Path], tmp_path: Path) -> None:
+    require_sandbox()
+    store = tmp_path / "pch"
+    store.mkdir()
+    (store / "k.h.gch").write_bytes(b"trusted")
+    code = build_tmp_factory("pch-attack")
+    (code / "pchattack.py").write_text(ATTACK)
+    build = build_tmp_factory("pch-build")
+    res = run_isolated("pchattack:attack", {}, timeout_s=120, memory_mb=2000,
+                       import_paths=[code], env_extra={CHILD_ENV: str(store)},
+                       isolation=Isolation(writable=(str(build),)), warm=warm)
+    assert res.ok, (res.error, res.traceback, res.stderr_tail)
+    v = res.value
+    assert v.pop("read") == "trusted"  # the store is there to read
+    assert set(v.values()) == {"OSError"}, v  # EROFS, every one
+    assert sorted(p.name for p in store.iterdir()) == ["k.h.gch"]
+    assert (store / "k.h.gch").read_bytes() == b"trusted"
+
+
+def test_a_node_that_adopts_the_builders_setting_never_builds_a_header(
+        hook: list[tuple[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor import config as inductor_config
+
+    from farm.node import bundle
+
+    monkeypatch.delenv("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", raising=False)
+    monkeypatch.delenv(CHILD_ENV, raising=False)
+    assert bundle.adopt_header_precompile({"precompiled_headers": True})
+    assert inductor_config.cpp_cache_precompile_headers  # the shipped kernels' keys
+    _compile_a_cpu_kernel(tmp_path, monkeypatch)  # a kernel the bundle lacked
+    assert hook == []
+
+
+PROBE = textwrap.dedent('''
+    import torch
+
+
+    def compile_kernel(p):
+        from farm.core import precompiled_headers
+
+        precompiled_headers.install_from_env()
+        f = torch.compile(lambda x: torch.nn.functional.gelu(x) + x.mean(-1, keepdim=True))
+        f(torch.randn(4, 40))
+        return precompiled_headers.counts
+''')
+
+
+def test_the_workers_store_serves_its_build_children(
+        build_tmp_factory: Callable[[str], Path], tmp_path: Path) -> None:
+    """What one sandboxed process precompiled, a build child finds: the same
+    key from another process, the same compiler and flags."""
+    import os
+
+    from farm.build import pch
+    from farm.build.steps import toolchain_env
+
+    require_sandbox()
+    store = tmp_path / "pch"
+    filled = pch.fill_store(store)
+    assert filled.get("headers"), filled
+    assert pch.fill_store(store)["skipped"] == "filled before"
+    if os.geteuid() == 0:  # the sandbox uid wrote it; the worker owns it now
+        assert {p.stat().st_uid for p in store.iterdir()} == {0}
+    code = build_tmp_factory("pch-probe")
+    (code / "pchprobe.py").write_text(PROBE)
+    build = build_tmp_factory("pch-build")
+    env = {**toolchain_env(), CHILD_ENV: str(store),
+           "TORCHINDUCTOR_CACHE_DIR": str(build / "inductor")}
+    res = run_isolated("pchprobe:compile_kernel", {}, timeout_s=300, memory_mb=4000,
+                       import_paths=[code], env_extra=env,
+                       isolation=Isolation(writable=(str(build),)))
+    assert res.ok, (res.error, res.traceback, res.stderr_tail)
+    assert res.value["used"] >= 1 and res.value["missing"] == 0, res.value
