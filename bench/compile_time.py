@@ -150,7 +150,13 @@ def run_child(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
     if args.zoo:
         cmd.append("--zoo")
     cache = tempfile.mkdtemp(prefix="compile-time-cache-")
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache,
+    from farm.build.steps import toolchain_env
+
+    # What a compile worker gives its children: the chosen compiler, the ISA
+    # answer, this machine's precompiled headers (farm.build.pch), so both
+    # modes compile alike. (Before, torch built its own header in the first
+    # child, under /tmp, and later children used it: the first mode paid it.)
+    env = {**os.environ, **toolchain_env(), "TORCHINDUCTOR_CACHE_DIR": cache,
            "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -175,9 +181,15 @@ def main() -> None:
                          "shared, loaded machine's timings from thread oversubscription")
     ap.add_argument("--zoo", action="store_true", help="use farm.zoo.llama even with transformers")
     ap.add_argument("--out", help="also write the table to this file")
+    ap.add_argument("--no-header-store", action="store_true",
+                    help="compile kernels without this machine's precompiled headers")
     ap.add_argument("--child-kind", help=argparse.SUPPRESS)
     ap.add_argument("--child-mode", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.no_header_store:
+        os.environ["FARM_PCH_STORE"] = "off"
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
     if args.child_kind:
         print(json.dumps(child(args)))
         return
@@ -198,6 +210,13 @@ def main() -> None:
         f"{args.device}, backend inductor, aot_compile; {os.cpu_count()} CPUs, torch threads "
         f"{args.threads or 'default'}, load average "
         f"{load:.2f} at start; {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
+    from farm.build import pch
+
+    t0 = time.perf_counter()
+    filled = pch.fill_store()
+    say("precompiled headers: " + ("off" if args.no_header_store else
+        f"from {pch.store_dir()} ({filled.get('skipped') or filled.get('error') or 'filled'} in "
+        f"{time.perf_counter() - t0:.1f} s, once per machine and toolchain, before the builds)"))
     if not have_transformers() and not args.zoo:
         say("NOTE: transformers is not installed here: the model is farm.zoo.llama instead")
     header = (f"{'kind':10}{'mode':10}{'compile s':>11}{'ratio':>8}{'dynamo s':>10}"
@@ -223,8 +242,6 @@ def main() -> None:
                         f"(goal within {GOAL_STEADY:.0%}: "
                         f"{'met' if abs(delta) <= GOAL_STEADY else 'NOT met'})")
         say(f"{'':20}regional blocks: {regional['regional']}")
-        if ROOT not in sys.path:
-            sys.path.insert(0, ROOT)
         from farm.build.stage_times import describe
 
         for r in (full, regional):

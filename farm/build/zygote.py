@@ -522,7 +522,50 @@ def _warm_answers(slot: str) -> None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+    _warm_compile(slot, backend="inductor")
+
+
+def _warm_compile(slot: str, *, backend: str) -> None:
+    """Compile a two-layer sample once, on CPU, before serving: what every
+    child's first compile paid on top of its model's (Dynamo's, AOTAutograd's
+    and Inductor's lazy imports and first-use tables): 1.1 of a 16-layer
+    Llama's 3.0 s of Dynamo on 2 cores (docs/benchmarks.md). Dynamo's caches
+    are reset afterwards, so a child starts with none of the sample's code;
+    its files go with ``/tmp``. A failure leaves the children to pay it."""
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="zygote-warm-")
+    try:
+        import torch
+
+        sample = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(),
+                                     torch.nn.LayerNorm(8))
+        # One compile thread: a pool's threads would outlive the warm-up, and a
+        # zygote with a second thread serves nobody (main).
+        with torch._inductor.config.patch(compile_threads=1):
+            torch.compile(sample, backend=backend, fullgraph=True)(torch.randn(2, 8))
+    except Exception as exc:  # the children pay it
+        print(f"zygote: the warm-up compile failed here ({exc})", file=sys.stderr, flush=True)
+    finally:
+        with contextlib.suppress(Exception):
+            torch._dynamo.reset()
+        _stop_tqdm_monitor()
+        if saved is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
     _wipe("/tmp", _mount_points() | {slot})
+
+
+def _stop_tqdm_monitor() -> None:
+    """Inductor's compile shows a tqdm bar, and tqdm starts a monitor thread
+    for it; a fork copies only the calling thread, so the zygote stops it (a
+    child's own bar starts its own)."""
+    tqdm_mod = sys.modules.get("tqdm")
+    monitor = getattr(getattr(tqdm_mod, "tqdm", None), "monitor", None)
+    if monitor is not None:
+        with contextlib.suppress(Exception):
+            monitor.exit()
+        tqdm_mod.tqdm.monitor = None  # type: ignore[union-attr]
 
 
 def _cuda_fork_safe() -> str | None:
@@ -570,12 +613,14 @@ def main() -> int:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
         if "farm.build.compile" in preload:
-            _warm_answers(slot)
             # Its children inherit the hook (farm.build.pch); they install it
             # again, which changes nothing.
             from farm.core.precompiled_headers import install_from_env
 
             install_from_env()
+            _warm_answers(slot)
+        else:
+            _warm_compile(slot, backend="eager")
     finally:
         if nvml_check:
             os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
