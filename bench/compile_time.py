@@ -74,6 +74,16 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from farm.build import stage_times
+    from farm.build.zygote import warm_up_compiler
+    from farm.core import precompiled_headers
+
+    # As a compile worker's child starts: forked from a zygote that compiled
+    # a sample (farm.build.zygote), with this machine's precompiled headers.
+    precompiled_headers.install_from_env()
+    warm_up_compiler()
+    stage_times.reset()
+    torch._dynamo.utils.compilation_time_metrics.clear()
     entry, kwargs, _ = model_ref(args)
     training = args.child_kind == "training"
     regional = args.child_mode == "regional"
@@ -122,9 +132,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             times.append(time.perf_counter() - t)
         return statistics.median(times)
 
-    from farm.build import stage_times
-
     return {
+        "headers": dict(precompiled_headers.counts),
         # The same compile split into exclusive stages (farm.build.stage_times),
         # as a build's log shows them.
         "stages": stage_times.snapshot(),
@@ -247,6 +256,8 @@ def main() -> None:
         for r in (full, regional):
             if r.get("stages"):
                 say(f"{'':20}{r['mode']} stages: {describe(r['stages'])}")
+            say(f"{'':20}{r['mode']} kernel compiles with a precompiled header: "
+                f"{r['headers']['used']}, without: {r['headers']['missing']}")
     say()
     for v in verdicts:
         say(v)

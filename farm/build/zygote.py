@@ -526,12 +526,18 @@ def _warm_answers(slot: str) -> None:
 
 
 def _warm_compile(slot: str, *, backend: str) -> None:
-    """Compile a two-layer sample once, on CPU, before serving: what every
-    child's first compile paid on top of its model's (Dynamo's, AOTAutograd's
-    and Inductor's lazy imports and first-use tables): 1.1 of a 16-layer
-    Llama's 3.0 s of Dynamo on 2 cores (docs/benchmarks.md). Dynamo's caches
-    are reset afterwards, so a child starts with none of the sample's code;
-    its files go with ``/tmp``. A failure leaves the children to pay it."""
+    """``warm_up_compiler`` before serving; its files go with ``/tmp``."""
+    warm_up_compiler(backend)
+    _wipe("/tmp", _mount_points() | {slot})
+
+
+def warm_up_compiler(backend: str = "inductor") -> None:
+    """Compile a small sample once, on CPU: what every child's first compile
+    paid on top of its model's (Dynamo's, AOTAutograd's and Inductor's lazy
+    imports and first-use tables): 1.1 of a 16-layer Llama's 3.0 s of Dynamo
+    on 2 cores (docs/benchmarks.md). Dynamo's caches are reset afterwards, so
+    a child starts with none of the sample's code, and the process keeps one
+    thread. A failure leaves the children to pay it."""
     saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="zygote-warm-")
     try:
@@ -553,7 +559,6 @@ def _warm_compile(slot: str, *, backend: str) -> None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
-    _wipe("/tmp", _mount_points() | {slot})
 
 
 def _stop_tqdm_monitor() -> None:
