@@ -62,11 +62,13 @@ from farm.core.specs import JobSpec, build_key  # noqa: E402
 
 def spec(*, layers: int, width: int, batch: int, changed: int = -1,
          grad_mode: str = "inference", mode: str = "default", version: str = "1",
-         options: dict[str, Any] | None = None) -> JobSpec:
+         options: dict[str, Any] | None = None, distinct: bool = False) -> JobSpec:
+    kwargs: dict[str, Any] = {"layers": layers, "width": width, "changed": changed}
+    if distinct:
+        kwargs["distinct"] = True
     return JobSpec.from_json({
         "name": "build-cost", "version": version,
-        "model": {"entrypoint": "farm.zoo.stack:stack",
-                  "kwargs": {"layers": layers, "width": width, "changed": changed}},
+        "model": {"entrypoint": "farm.zoo.stack:stack", "kwargs": kwargs},
         "inputs": [f"float32[{batch},{width}]"], "grad_mode": grad_mode,
         "options": {**(options or {}), "mode": mode}})
 
@@ -123,6 +125,9 @@ def main() -> None:
                          "(e.g. max-autotune-no-cudagraphs)")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                     help="a compile option for every build, e.g. regional=true")
+    ap.add_argument("--distinct", action="store_true",
+                    help="layers of distinct hidden widths (farm.zoo.stack distinct=True): "
+                         "each compiles kernels of its own")
     ap.add_argument("--no-header-store", action="store_true",
                     help="compile kernels without this machine's precompiled headers "
                          "(farm.build.pch), as builds did before")
@@ -153,7 +158,7 @@ def main() -> None:
     target = str(detect_local_target(args.device))
     options = dict(o.split("=", 1) for o in args.option)
     base: dict[str, Any] = {"layers": args.layers, "width": args.width, "batch": args.batch,
-                            "options": options}
+                            "options": options, "distinct": args.distinct}
     second = ({"grad_mode": "training"} if args.second_mode == "training"
               else {"mode": args.second_mode})
     cases = [
@@ -173,6 +178,7 @@ def main() -> None:
         f"# target {target}",
         f"# torch {torch.__version__}, python {platform.python_version()}; model "
         f"farm.zoo.stack:stack layers={args.layers} width={args.width} batch={args.batch}"
+        f"{' distinct=True' if args.distinct else ''}"
         f"{' options ' + str(options) if options else ''}",
         "# run: the compile step called directly (no farm servers), in sandboxed children, "
         "with the worker's cache wiring over a directory store; aot_compile only",
