@@ -171,11 +171,16 @@ def bwrap_argv(
 
     def ancestors(p: Path) -> None:
         # Directories bubblewrap makes on its own are 0700 (root's): the
-        # unprivileged child could not walk through them.
+        # unprivileged child could not walk through them. Under /tmp (the
+        # sandbox's own bounded tmpfs) they are the child's to write, as /tmp
+        # is: a CUDA aot_compile artifact's load recreates its build's
+        # Inductor cache path, and under a build directory in the worker's
+        # slot that failed, "Permission denied", where a node creates it.
         for a in reversed(p.parents):
             if a == Path("/") or a in made or _covered(a, mounted):
                 continue
-            args.extend(["--perms", "0755", "--dir", str(a)])
+            perms = "1777" if Path("/tmp") in a.parents else "0755"
+            args.extend(["--perms", perms, "--dir", str(a)])
             made.add(a)
 
     def bind(kind: str, p: Path) -> None:

@@ -298,3 +298,27 @@ def test_the_probe_finds_the_workers_environment_in_a_readable_environ(
     bad = {**ok, "environs": {"1": [leaked]}}
     (why,) = isolation_probe.findings(bad, uids={65534}, child_env={"PATH": os.environ["PATH"]})
     assert "/proc/1/environ" in why, why
+
+
+def test_a_child_may_create_paths_beside_its_binds_under_tmp(tmp_path: Path) -> None:
+    """Where a bind under /tmp needs parent directories, they are the child's
+    sandbox /tmp to write in (a CUDA aot_compile artifact's load recreates its
+    build's cache path there); nothing it makes there reaches the host."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "beside.py").write_text(textwrap.dedent('''
+        import os
+
+
+        def make(p):
+            os.makedirs(os.path.join(p["parent"], "farm-build-x", "inductor-cache", "ab"))
+            return sorted(os.listdir(p["parent"]))
+    '''))
+    build = tmp_path / "slot" / "build"
+    build.mkdir(parents=True)
+    res = run_isolated("beside:make", {"parent": str(build.parent)}, timeout_s=60,
+                       memory_mb=2000, import_paths=[code],
+                       isolation=Isolation(writable=(str(build),)), warm=False)
+    assert res.ok, (res.error, res.traceback, res.stderr_tail)
+    assert res.value == ["build", "farm-build-x"]
+    assert sorted(p.name for p in build.parent.iterdir()) == ["build"]
