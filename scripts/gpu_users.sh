@@ -136,8 +136,8 @@ def make() -> torch.nn.Module:
 PY
 # Hostile models, each aimed at the CUDA compile worker: under the trace (a
 # CPU step on a farm of several hosts) each builds a plain MLP, so the job
-# reaches the compile worker; there (its children carry their own Inductor
-# cache, TORCHINDUCTOR_CACHE_DIR) it attacks and reports what it reached in
+# reaches the compile worker; there (its children have imported the farm's
+# compile or verify step before they build the model) it attacks and reports what it reached in
 # its error (SNOOP ...). A job that succeeds never attacked: the table says so.
 HOSTILE_HEAD='import glob, json, os, socket, time
 import torch
@@ -149,7 +149,11 @@ def plain() -> nn.Module:
 
 
 def on_compile_worker() -> bool:
-    return "TORCHINDUCTOR_CACHE_DIR" in os.environ
+    # A compile or verify child has imported the farm compile step before
+    # it builds the model; a trace child has not. (TORCHINDUCTOR_CACHE_DIR
+    # was no sign: the trace child on the GPU host had it too.)
+    import sys
+    return "farm.build.compile" in sys.modules or "farm.build.verify" in sys.modules
 
 
 def where() -> str:
