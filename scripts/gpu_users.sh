@@ -244,6 +244,8 @@ PY
 } >"$U/hostile_tmpfs.py"
 cd "$U"
 # Both users' models at once, each as a user types it.
+# GPU_USERS_MODELS=0 leaves them out (a run for the hostile suite alone).
+if [ "${GPU_USERS_MODELS:-1}" = 1 ]; then
 stamp "submit mymodel.py:make and myllama.py:make"
 ( s0=$SECONDS; farm submit ./mymodel.py:make --name mymlp --version 1 --input 'float32[4,12]' \
     --wait --timeout 540; echo "rc=$? after $((SECONDS - s0)) s" ) >"$OUT/gpu_users-mlp.txt" 2>&1 &
@@ -346,6 +348,7 @@ print(f"node train: source={step.source} loss errors vs eager {[f'{e:.1e}' for e
       f"max param err after 3 steps {params:.2e} first step {first:.2f} s")
 PY
 stamp "node train rc=$?"
+fi
 
 # 4. Hostile models on the CUDA worker, one after another (one compile worker).
 TABLE=$OUT/gpu_users-hostile.txt
