@@ -53,18 +53,18 @@ def toolchain_env() -> dict[str, str]:
     from farm.build.toolchain import current_compiler
     from farm.core.cpu_isa import isa_check_env
 
-    env = {
-        # torch's own precompiled header stays off at import: it keeps the
-        # header under /tmp (the sandbox's, emptied after every child) and
-        # builds it (150 MB, 30 s on 2 cores) before it even computes a
-        # kernel's key. The header comes from this machine's read-only store
-        # instead (farm.build.pch), which the child's compile turns on
-        # (farm.core.precompiled_headers.install_from_env). An operator's
-        # TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=1 restores torch's way.
-        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS":
-            os.environ.get("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0"),
-        **pch.child_env(),
-    }
+    # torch's own precompiled header keeps it under /tmp (the sandbox's,
+    # emptied after every child) and builds it (150 MB, 30 s on 2 cores)
+    # before it even computes a kernel's key. With this machine's store
+    # (farm.build.pch) the child's compile and verification take headers from
+    # it instead (farm.core.precompiled_headers: torch's way is never
+    # reached); without one, torch's way stays off. An operator's
+    # TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS is passed on as it is.
+    store = pch.child_env()
+    operator = os.environ.get("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS")
+    env = dict(store)
+    if operator is not None or not store:
+        env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = operator or "0"
     cxx = current_compiler()
     if cxx is not None:
         env["CXX"] = cxx

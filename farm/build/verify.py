@@ -349,6 +349,12 @@ def verify_step(payload: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.utils._pytree as pytree
 
+    from farm.core import precompiled_headers
+
+    # Before anything loads: a kernel the artifact lacks compiles with this
+    # machine's header or none, never building torch's own (farm.build.pch).
+    precompiled_headers.install_from_env()
+
     from farm.core.modelref import (
         ModelError,
         apply_grad_mode,
