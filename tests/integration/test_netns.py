@@ -318,15 +318,15 @@ def hosts(
         net.destroy()
 
 
-# 16 layers of distinct widths, training: each layer compiles kernels of its
-# own, 15-20 s on 2 cores, so a host can be lost or cut off mid-compile. (A
+# 8 layers of distinct widths, training: each layer compiles kernels of its
+# own, about 10 s on 2 cores, so a host can be lost or cut off mid-compile. (A
 # linear layer's build, a few seconds once, took under 2 s once compile
 # children forked warm with precompiled headers, and ended before the cut.)
 STACK = "farm.zoo.stack:stack"
 
 
 def _stack_kwargs(width: int) -> dict[str, Any]:
-    return {"layers": 16, "width": width, "distinct": True}
+    return {"layers": 8, "width": width, "distinct": True}
 
 
 def _start_build(farm: FaultFarm, version: str, *, width: int) -> tuple[str, dict[str, Any]]:

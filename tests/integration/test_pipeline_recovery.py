@@ -72,9 +72,13 @@ def test_kill_9_compile_worker_mid_job_redelivers(farm: Farm) -> None:
     spare = farm.start_worker("compile-spare", "compile")
     try:
         farm.wait_for_targets(2)
+        # 16 layers of distinct widths: each compiles kernels of its own, some
+        # seconds even in a warm child with precompiled headers (a small MLP's
+        # build ended within the 2 s this test used to wait).
         job_id = farm.submit(
             job_spec(
-                "killme", "1", "farm.zoo.basic:mlp", inputs=["float32[5,64]"], kwargs={"hidden": 80}
+                "killme", "1", "farm.zoo.stack:stack", inputs=["float32[5,72]"],
+                kwargs={"layers": 16, "width": 72, "distinct": True}
             )
         )
         deadline = time.monotonic() + scaled(180)
@@ -82,12 +86,12 @@ def test_kill_9_compile_worker_mid_job_redelivers(farm: Farm) -> None:
         with farm.http() as c:
             while time.monotonic() < deadline:
                 b = c.get(f"/v1/jobs/{job_id}").json()["builds"][0]
-                if b["state"] == "running" and b["worker"]:
+                if b["state"] == "running" and b["worker"] and b.get("stage") == "compiling":
                     victim = int(b["worker"].rsplit(":", 1)[1])
                     break
                 time.sleep(0.2)
-        assert victim is not None, "build never started"
-        time.sleep(2)  # mid-compile
+        assert victim is not None, "build never started compiling"
+        time.sleep(0.5)  # mid-compile
         name = next(n for n, p in farm.procs.items() if p.pid == victim)
         farm.stop(name, signal.SIGKILL)
         job = farm.wait_job(job_id, timeout=600)
