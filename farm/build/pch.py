@@ -48,10 +48,10 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import sys
+import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,7 @@ def fill_store(store: Path | None = None, *, env: Mapping[str, str] | None = Non
             isolation = sandbox.build_isolation(writable=[store], what="header precompile")
         except sandbox.SandboxUnavailable as exc:
             return {"error": str(exc)}
-        with _tmp_cache() as cache:
+        with tempfile.TemporaryDirectory(prefix="farm-pch-cache-") as cache:
             res = sandbox.run_isolated(
                 "farm.build.pch:build_store", {"store": str(store)}, timeout_s=timeout_s,
                 memory_mb=0, env_extra={**env, "TORCHINDUCTOR_CACHE_DIR": cache},
@@ -153,17 +153,6 @@ def fill_store(store: Path | None = None, *, env: Mapping[str, str] | None = Non
         return result
     finally:
         lock.release()
-
-
-@contextlib.contextmanager
-def _tmp_cache() -> Iterator[str]:
-    import tempfile
-
-    d = tempfile.mkdtemp(prefix="farm-pch-cache-")
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _own(top: Path, uid: int) -> None:

@@ -54,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -508,20 +508,14 @@ def _warm_answers(slot: str) -> None:
     on 2 cores). Its probe builds go to a directory of the zygote's own,
     emptied with ``/tmp`` before the first child; a failure leaves the
     children to ask themselves, as before."""
-    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="zygote-warm-")
-    try:
-        from torch._inductor.cpu_vec_isa import pick_vec_isa
+    with _scratch_inductor_cache():
+        try:
+            from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-        pick_vec_isa()
-    except Exception as exc:  # the children ask again
-        print(f"zygote: Inductor's ISA pick failed here ({exc}); children pick",
-              file=sys.stderr, flush=True)
-    finally:
-        if saved is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+            pick_vec_isa()
+        except Exception as exc:  # the children ask again
+            print(f"zygote: Inductor's ISA pick failed here ({exc}); children pick",
+                  file=sys.stderr, flush=True)
     _warm_compile(slot, backend="inductor")
 
 
@@ -538,23 +532,35 @@ def warm_up_compiler(backend: str = "inductor") -> None:
     on 2 cores (docs/benchmarks.md). Dynamo's caches are reset afterwards, so
     a child starts with none of the sample's code, and the process keeps one
     thread. A failure leaves the children to pay it."""
+    with _scratch_inductor_cache():
+        try:
+            import torch
+
+            sample = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(),
+                                         torch.nn.LayerNorm(8))
+            # One compile thread: a pool's threads would outlive the warm-up,
+            # and a zygote with a second thread serves nobody (main).
+            with torch._inductor.config.patch(compile_threads=1):
+                torch.compile(sample, backend=backend, fullgraph=True)(torch.randn(2, 8))
+        except Exception as exc:  # the children pay it
+            print(f"zygote: the warm-up compile failed here ({exc})", file=sys.stderr,
+                  flush=True)
+        finally:
+            with contextlib.suppress(Exception):
+                torch._dynamo.reset()
+            _stop_tqdm_monitor()
+
+
+@contextlib.contextmanager
+def _scratch_inductor_cache() -> Iterator[None]:
+    """``TORCHINDUCTOR_CACHE_DIR`` pointed at a new directory of this
+    process's own while the zygote compiles for itself (its files go with
+    ``/tmp``), and back as it was after."""
     saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="zygote-warm-")
     try:
-        import torch
-
-        sample = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(),
-                                     torch.nn.LayerNorm(8))
-        # One compile thread: a pool's threads would outlive the warm-up, and a
-        # zygote with a second thread serves nobody (main).
-        with torch._inductor.config.patch(compile_threads=1):
-            torch.compile(sample, backend=backend, fullgraph=True)(torch.randn(2, 8))
-    except Exception as exc:  # the children pay it
-        print(f"zygote: the warm-up compile failed here ({exc})", file=sys.stderr, flush=True)
+        yield
     finally:
-        with contextlib.suppress(Exception):
-            torch._dynamo.reset()
-        _stop_tqdm_monitor()
         if saved is None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
