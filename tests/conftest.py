@@ -114,3 +114,15 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(_slowdown_line())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _headers_only_from_the_store() -> None:
+    """Tests that compile in the test process itself get precompiled headers
+    as build children do: from the session's store, never from torch's own
+    header build (which, left on here, raced in the shared /tmp cache between
+    xdist workers and failed a build with an IndexError from its hashing)."""
+    from farm.build import pch
+    from farm.core import precompiled_headers
+
+    precompiled_headers.install(pch.store_dir())
