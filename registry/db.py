@@ -164,8 +164,17 @@ def make_engine(url: str | URL, *, echo: bool = False) -> Engine:
             sa_url,
             echo=echo,
             pool_pre_ping=True,
-            # A black-holed database host must give a quick 503, not an OS TCP timeout.
-            connect_args={"connect_timeout": 5},
+            # A black-holed database host must give a quick 503, not an OS TCP
+            # timeout; and a connection whose host went silent mid-query (a
+            # cable pulled: no FIN, no reset) must fail in seconds rather than
+            # sit in TCP's retransmit backoff for minutes, long after the link
+            # is back (a worker's heartbeat thread stuck in it looked dead).
+            # tcp_user_timeout bounds unacknowledged sends, keepalives a wait
+            # for a reply from a host that is gone; neither ends a long query
+            # of a live server, whose kernel acknowledges both.
+            connect_args={"connect_timeout": 5, "tcp_user_timeout": 10_000,
+                          "keepalives": 1, "keepalives_idle": 10,
+                          "keepalives_interval": 3, "keepalives_count": 3},
         )
     raise ValueError(
         f"unsupported database URL {_redacted(sa_url)!r}; "

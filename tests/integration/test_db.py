@@ -276,6 +276,20 @@ def test_make_engine_picks_psycopg_and_rejects_unknown_schemes() -> None:
         make_engine("mysql://root@localhost/x")
 
 
+def test_postgres_connections_give_up_on_a_silent_peer_in_seconds(pg_url: str) -> None:
+    """What the server's connection reports it runs with: unacknowledged
+    sends bounded (tcp_user_timeout) and keepalives on, so a query to a host
+    gone without a FIN fails in seconds instead of TCP's minutes."""
+    engine = make_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+        assert params["tcp_user_timeout"] == "10000" and params["keepalives"] == "1", params
+        assert int(params["connect_timeout"]) <= 5, params
+    finally:
+        engine.dispose()
+
+
 def test_sqlite_engine_creates_its_directory_and_sets_pragmas(tmp_path: Any) -> None:
     engine = make_engine(f"sqlite:///{tmp_path / 'a' / 'b' / 'farm.db'}")
     try:
