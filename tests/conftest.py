@@ -80,6 +80,13 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("FARM_AOTI_CHECK_CACHE", os.path.join(d, "aoti-check.json"))
     # And the precompiled headers compile workers fill (farm.build.pch).
     os.environ.setdefault("FARM_PCH_STORE", os.path.join(d, "pch"))
+    # Most farms a test starts build once or twice: a zygote's warm-up compile
+    # (2 s of CPU each) costs them more than it saves (45 s of the suite on 2
+    # cores, docs/testing.md). The farms that build many times keep the
+    # default: the session's shared farm and the farm "as deployed by
+    # default" (tests/fixtures/farm.py, faults.py); tests/unit/test_zygote.py
+    # checks both settings.
+    os.environ.setdefault("FARM_ZYGOTE_WARM_UP", "false")
     # Time limits in tests scale with this (tests/slowdown.py).
     slowdown.factor()
     # xdist workers take consecutive Redis databases from one random base,

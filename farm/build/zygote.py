@@ -135,6 +135,14 @@ def work_dir() -> str | None:
     return str(slot_root()) if enabled() else None
 
 
+def warm_up_enabled() -> bool:
+    """``FARM_ZYGOTE_WARM_UP``: a zygote compiles a sample before it serves
+    (``warm_up_compiler``)."""
+    from farm.core.settings import get_settings
+
+    return bool(get_settings().farm_zygote_warm_up)
+
+
 def enabled() -> bool:
     """``FARM_BUILD_ZYGOTE`` is on. GPU hosts too: a zygote imports with
     torch's NVML-based CUDA check (as the node agent does,
@@ -215,7 +223,7 @@ class Zygote:
         self.state = Path(tempfile.mkdtemp(prefix="zygote-", dir=self.slot))
         env = {**self.env, **sandbox_user(self.state)}
         cmd = bwrap_argv([sys.executable, "-m", "farm.build.zygote", str(self.slot),
-                           self.preload],
+                           self.preload, "warm" if warm_up_enabled() else "cold"],
                           isolation=Isolation(writable=(str(self.slot),), uid=self.uid),
                           tmpdir=self.state, readonly=(), env=env, cwd=None,
                           memory_mb=self.memory_mb)
@@ -499,7 +507,7 @@ def _child(req: dict[str, Any]) -> None:
         os._exit(code)
 
 
-def _warm_answers(slot: str) -> None:
+def _warm_answers(slot: str, *, warm: bool) -> None:
     """Answer, once per zygote, what every compile child asks before its first
     kernel and what depends only on this zygote's key (its import-time
     environment: the compiler, ATen's capability, Inductor's ISA settings):
@@ -516,7 +524,10 @@ def _warm_answers(slot: str) -> None:
         except Exception as exc:  # the children ask again
             print(f"zygote: Inductor's ISA pick failed here ({exc}); children pick",
                   file=sys.stderr, flush=True)
-    _warm_compile(slot, backend="inductor")
+    if warm:
+        _warm_compile(slot, backend="inductor")
+    else:
+        _wipe("/tmp", _mount_points() | {slot})
 
 
 def _warm_compile(slot: str, *, backend: str) -> None:
@@ -548,6 +559,8 @@ def warm_up_compiler(backend: str = "inductor") -> None:
         finally:
             with contextlib.suppress(Exception):
                 torch._dynamo.reset()
+                # Its cache misses and graph counts are not a child's.
+                torch._dynamo.utils.counters.clear()
             _stop_tqdm_monitor()
 
 
@@ -605,6 +618,7 @@ def main() -> int:
     global _PROTO_FD
     slot = sys.argv[1]
     which = sys.argv[2] if len(sys.argv) > 2 else "build"
+    warm = (sys.argv[3] if len(sys.argv) > 3 else "warm") == "warm"
     preload = PRELOADS[which]
     _PROTO_FD = os.dup(1)
     os.dup2(2, 1)
@@ -629,8 +643,8 @@ def main() -> int:
             from farm.core.precompiled_headers import install_from_env
 
             install_from_env()
-            _warm_answers(slot)
-        else:
+            _warm_answers(slot, warm=warm)
+        elif warm:
             _warm_compile(slot, backend="eager")
     finally:
         if nvml_check:

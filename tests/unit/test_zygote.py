@@ -54,6 +54,13 @@ def daemon(p):
 def hang(p):
     time.sleep(600)
 
+def compiled_before(p):
+    import sys
+    from torch._dynamo.utils import counters
+    # Imported by an Inductor compile's code generation only, not by the preload.
+    return {"codegen_loaded": "torch._inductor.codegen.memory_planning" in sys.modules,
+            "counters": {k: dict(v) for k, v in counters.items() if v}}
+
 def refused(p):
     # What torch says when a fork's parent started the CUDA driver.
     raise RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA "
@@ -151,6 +158,26 @@ def test_off_starts_every_child_fresh(probe: Path, monkeypatch: pytest.MonkeyPat
     finally:
         monkeypatch.delenv("FARM_BUILD_ZYGOTE")
         get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("warm_up", [True, False], ids=["warm-up", "no warm-up"])
+def test_a_warmed_zygotes_child_starts_with_the_compiler_used_and_no_counts_of_it(
+        probe: Path, monkeypatch: pytest.MonkeyPatch, warm_up: bool) -> None:
+    """FARM_ZYGOTE_WARM_UP: the zygote compiled a sample before serving, so
+    its child finds Inductor's code generation imported, and none of the
+    sample's cache misses or graphs in torch's counters (which the build
+    reads, farm.build.compile_watch)."""
+    from farm.core.settings import get_settings
+
+    monkeypatch.setenv("FARM_ZYGOTE_WARM_UP", "1" if warm_up else "0")
+    get_settings.cache_clear()
+    try:
+        res = run(probe, "compiled_before")
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+    assert res.ok and res.warm, (res.error, res.stderr_tail)
+    assert res.value == {"codegen_loaded": warm_up, "counters": {}}, res.value
 
 
 def test_the_wipe_keeps_mount_points_and_their_parents(tmp_path: Path) -> None:
