@@ -109,14 +109,28 @@ def compile_step(payload: dict[str, Any]) -> dict[str, Any]:
         from farm.build.compile import CHECK_AOTI, compile_artifacts
 
     spec = JobSpec.from_json(payload["spec"])
-    code = {}
+    check = None
     if payload.get("fingerprint"):
+        from farm.build.graph_check import GraphCheck
+
+        # In a fork beside the compile where one is safe (farm.build.graph_check);
+        # its verdict decides before anything is returned.
         with stage_times.stage(stage_times.GRAPH_CHECK):
-            code = check_graph(spec, payload["fingerprint"])
-    # The worker answers farm.build.aoti_check outside the sandbox (it is the
-    # host's question, and must not spend the model's time limit).
-    arts = compile_artifacts(spec, payload["device"], Path(payload["out_dir"]),
-                             aoti_unavailable=payload.get("aoti_unavailable", CHECK_AOTI),
-                             cxx=payload.get("cxx"))
+            check = GraphCheck.start(check_graph, spec, payload["fingerprint"])
+    try:
+        # The worker answers farm.build.aoti_check outside the sandbox (it is the
+        # host's question, and must not spend the model's time limit).
+        arts = compile_artifacts(spec, payload["device"], Path(payload["out_dir"]),
+                                 aoti_unavailable=payload.get("aoti_unavailable", CHECK_AOTI),
+                                 cxx=payload.get("cxx"))
+    except BaseException:
+        if check is not None:
+            # A graph other than the traced one is the reason to give, if it is one.
+            check.verdict()
+        raise
+    code: dict[str, Any] = {}
+    if check is not None:
+        with stage_times.stage(stage_times.GRAPH_CHECK):  # what is left of it: the wait
+            code = check.verdict()
     return {"artifacts": [{"path": str(a.path), "format": a.format, "meta": {**a.meta, **code}}
                           for a in arts]}
