@@ -68,15 +68,15 @@ def slow_once(marker: str, seconds: float = 60.0, dim: int = 8, out: int = 4) ->
 
 def slow_in(at: str, seconds: float, record: str, dim: int = 8, out: int = 4) -> nn.Module:
     """A Linear that takes ``seconds`` in stage ``at`` ('compile': a build
-    longer than the broker's visibility timeout), appending a ``start PID``
-    and an ``end PID`` line to ``record`` around the wait (unisolated farms:
-    an isolated child cannot write there)."""
+    longer than the broker's visibility timeout), appending a ``start PID
+    PPID`` and an ``end PID PPID`` line to ``record`` around the wait
+    (unisolated farms: an isolated child cannot write there)."""
     if stage() == at:
         with open(record, "a") as f:
-            f.write(f"start {os.getpid()}\n")
+            f.write(f"start {os.getpid()} {os.getppid()}\n")
         time.sleep(seconds)
         with open(record, "a") as f:
-            f.write(f"end {os.getpid()}\n")
+            f.write(f"end {os.getpid()} {os.getppid()}\n")
     return nn.Linear(dim, out, bias=False)
 
 

@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 VISIBILITY_S = 2
 # Past the visibility timeout and the idle worker's restore scan (every
-# second here); the compile step calls the factory twice, so twice this.
+# second here). The compile step calls the factory twice: in the compile
+# child and in its graph-check fork (farm.build.graph_check), side by side.
 COMPILE_S = scaled(12)
 
 
@@ -36,11 +37,14 @@ def test_a_build_longer_than_the_visibility_timeout_runs_once(make_farm: MakeFar
         assert job["state"] == "succeeded", job
         (build,) = job["builds"]
         key = str(build["build_key"])
-        # One compile child (its factory called more than once, one call
-        # after the other), never a second beside it or after it.
+        # One compile child (and its own graph-check fork), never a second
+        # child beside it or after it; every call of the factory ended.
         lines = [line.split() for line in record.read_text().splitlines()]
-        assert lines and [w for w, _ in lines] == ["start", "end"] * (len(lines) // 2), lines
-        assert len({pid for _, pid in lines}) == 1, lines
+        pids = {pid for _, pid, _ in lines}
+        children = {pid for _, pid, ppid in lines if ppid not in pids}
+        assert lines and len(children) == 1, lines
+        for pid in pids:
+            assert [w for w, p, _ in lines if p == pid] == ["start", "end"], lines
         assert f.claim_attempts(key) == 1
         # The message was handed out again while it ran: the other worker
         # got it and stood down (the claim's owner was alive).

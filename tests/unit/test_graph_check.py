@@ -4,16 +4,22 @@ acts on, and a fork that dies without one fails the build."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from farm.build.graph_check import GraphCheck, GraphCheckLost
+from farm.build.graph_check import GraphCheck
 from farm.core.inputs import parse_inputs
 from farm.core.specs import JobSpec, ModelRef
+from tests.slowdown import scaled
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SPEC = JobSpec(name="m", version="1",
                model=ModelRef("farm.zoo.basic:mlp", {"d_in": 4, "hidden": 8, "d_out": 4}),
@@ -41,24 +47,43 @@ def _dies(spec: JobSpec, expected: str) -> dict[str, Any]:
     os._exit(3)
 
 
-def test_the_check_runs_in_a_fork_and_its_answer_comes_back() -> None:
+def scenarios() -> dict[str, Any]:
+    """Run in a fresh process (``_in_a_fresh_process``): a test process has
+    threads of its own (xdist's), where the check rightly never forks."""
+    out: dict[str, Any] = {}
     check = GraphCheck.start(_answers, SPEC, "abc")
-    assert check.forked
-    out = check.verdict()
-    assert out["expected"] == "abc" and out["pid"] != os.getpid()
+    answer = check.verdict()
+    out["answer"] = {"forked": check.forked, "expected": answer["expected"],
+                     "other_pid": answer["pid"] != os.getpid()}
+    for name, fn in (("refusal", _refuses), ("odd", _odd), ("dies", _dies)):
+        try:
+            GraphCheck.start(fn, SPEC, "abc").verdict()
+            out[name] = "no error"
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
-def test_a_refusal_is_raised_as_the_fork_raised_it() -> None:
-    with pytest.raises(ValueError, match="not abc"):
-        GraphCheck.start(_refuses, SPEC, "abc").verdict()
-    # One whose class cannot be rebuilt still comes back, as a failure with its text.
-    with pytest.raises(RuntimeError, match="graph check failed: Odd: odd at here"):
-        GraphCheck.start(_odd, SPEC, "abc").verdict()
+def _in_a_fresh_process() -> dict[str, Any]:
+    code = ("import json; from tests.unit.test_graph_check import scenarios; "
+            "print(json.dumps(scenarios()))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=scaled(120), env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
 
 
-def test_a_fork_that_dies_without_an_answer_fails_the_build() -> None:
-    with pytest.raises(GraphCheckLost, match="without an answer"):
-        GraphCheck.start(_dies, SPEC, "abc").verdict()
+def test_the_check_runs_in_a_fork_and_every_outcome_comes_back() -> None:
+    out = _in_a_fresh_process()
+    # Forked, and the fork's answer is the verdict.
+    assert out["answer"] == {"forked": True, "expected": "abc", "other_pid": True}, out
+    # A refusal is raised as the fork raised it; one whose class cannot be
+    # rebuilt comes back as a failure with its text.
+    assert out["refusal"] == "ValueError: not abc", out
+    assert out["odd"] == "RuntimeError: the graph check failed: Odd: odd at here", out
+    # A fork that dies without an answer fails the build.
+    assert out["dies"].startswith("GraphCheckLost: the graph check's process ended without "
+                                  "an answer"), out
 
 
 def test_with_a_second_thread_the_check_runs_first_in_the_caller() -> None:
