@@ -168,7 +168,7 @@ def make_engine(url: str | URL, *, echo: bool = False) -> Engine:
             # timeout; and a connection whose host went silent mid-query (a
             # cable pulled: no FIN, no reset) must fail in seconds rather than
             # sit in TCP's retransmit backoff for minutes, long after the link
-            # is back (a worker's heartbeat thread stuck in it looked dead).
+            # is back (a worker's heartbeat thread would sit there with it).
             # tcp_user_timeout bounds unacknowledged sends, keepalives a wait
             # for a reply from a host that is gone; neither ends a long query
             # of a live server, whose kernel acknowledges both.

@@ -524,15 +524,14 @@ def _warm_answers(slot: str, *, warm: bool) -> None:
         except Exception as exc:  # the children ask again
             print(f"zygote: Inductor's ISA pick failed here ({exc}); children pick",
                   file=sys.stderr, flush=True)
+    _warm_compile(slot, backend="inductor", warm=warm)
+
+
+def _warm_compile(slot: str, *, backend: str, warm: bool) -> None:
+    """``warm_up_compiler`` before serving, where ``FARM_ZYGOTE_WARM_UP``
+    asks for it; what the zygote wrote for itself goes with ``/tmp``."""
     if warm:
-        _warm_compile(slot, backend="inductor")
-    else:
-        _wipe("/tmp", _mount_points() | {slot})
-
-
-def _warm_compile(slot: str, *, backend: str) -> None:
-    """``warm_up_compiler`` before serving; its files go with ``/tmp``."""
-    warm_up_compiler(backend)
+        warm_up_compiler(backend)
     _wipe("/tmp", _mount_points() | {slot})
 
 
@@ -644,8 +643,8 @@ def main() -> int:
 
             install_from_env()
             _warm_answers(slot, warm=warm)
-        elif warm:
-            _warm_compile(slot, backend="eager")
+        else:
+            _warm_compile(slot, backend="eager", warm=warm)
     finally:
         if nvml_check:
             os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
