@@ -59,7 +59,10 @@ def slow_once(marker: str, seconds: float = 60.0, dim: int = 8, out: int = 4) ->
     ``tests.models.broken:linear(dim, out)``'s: the same graph, so the same build."""
     path = Path(marker)
     if not path.exists():
-        path.write_text(str(os.getpid()))
+        # Whole or not at all: the test reads the pid as soon as the name appears.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(str(os.getpid()))
+        tmp.replace(path)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             time.sleep(0.2)
