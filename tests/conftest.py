@@ -1,7 +1,9 @@
 """Shared fixtures live in tests/fixtures/, one module per real service."""
 
+import atexit
 import os
 import random
+import shutil
 import tempfile
 
 import pytest
@@ -93,6 +95,25 @@ def pytest_configure(config: pytest.Config) -> None:
     # so two workers of one run never flush each other's. (Not FARM_...: model
     # code run by the farm must not see anything named so.)
     os.environ.setdefault("TORCH_FARM_TEST_REDIS_BASE", str(random.randint(0, 14)))
+    # Each test process compiles into an Inductor cache of its own (and the
+    # farms and nodes it starts inherit it), as each machine of a fleet has
+    # one: kernels compiled in the test process itself went missing from
+    # torch's default cache, shared by every process of the run, between
+    # their build and their load ("cannot open shared object file"), once
+    # in a CI run. Set in each xdist worker (or the one process of -n 0),
+    # not in the controller, whose environment the workers inherit; a
+    # user's own setting stays.
+    xdist_controller = (not os.environ.get("PYTEST_XDIST_WORKER")
+                        and bool(getattr(config.option, "numprocesses", None)))
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ and not xdist_controller:
+        own = tempfile.mkdtemp(prefix="farm-test-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = own
+        atexit.register(_remove_own, own, os.getpid())
+
+
+def _remove_own(path: str, pid: int) -> None:
+    if os.getpid() == pid:  # not in a fork that inherited the handler
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
