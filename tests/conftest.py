@@ -148,8 +148,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def _headers_only_from_the_store() -> None:
     """Tests that compile in the test process itself get precompiled headers
     as build children do: from the session's store, never from torch's own
-    header build (which, left on here, raced in the shared /tmp cache between
-    xdist workers and failed a build with an IndexError from its hashing)."""
+    header build (which, left on here, once failed a CI build with an
+    IndexError from its hashing: its preprocessed file under /tmp was gone;
+    what removed it was not found, docs/testing.md)."""
     from farm.build import pch
     from farm.core import precompiled_headers
 
