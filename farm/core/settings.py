@@ -86,10 +86,10 @@ class Settings(BaseSettings):
     # torch, Dynamo and Inductor (farm.build.zygote): "on", or "off" (every
     # child a new interpreter).
     farm_build_zygote: str = "on"
-    # A build zygote compiles a small sample before it serves (2 s of CPU on
-    # 2 cores, once per zygote), so that no child pays Dynamo's, AOTAutograd's
-    # and Inductor's first use (1.5 s of each child's compile). Off: a worker
-    # that builds once or twice in its life (a test's) saves it.
+    # A build zygote compiles a small sample before it serves, once per
+    # zygote, so that no child pays Dynamo's, AOTAutograd's and Inductor's
+    # first use (cost and gain: bench/zygote_warm_up.py, docs/configuration.md).
+    # Off: a worker that builds once or twice in its life (a test's) saves it.
     farm_zygote_warm_up: bool = True
     # Largest code pack `farm submit` uploads and the API accepts (bytes).
     code_pack_max_bytes: int = 64 * 1024**2
