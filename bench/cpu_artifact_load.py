@@ -53,7 +53,8 @@ import json, sys, time
 t0 = float(sys.argv[3])
 import torch
 from farm.core.modelref import build_real, example_inputs
-from farm.core.specs import JobSpec, call_args
+from farm.core.inputs import call_args
+from farm.core.specs import JobSpec
 from farm.node.loader import load_artifact
 spec = JobSpec.from_json(json.loads(sys.argv[2]))
 model = build_real(spec.model, device="cpu", seed=0).eval()

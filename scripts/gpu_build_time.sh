@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# What a build costs on a GPU host, and where a node's load of a training
+# artifact goes, in one device call of under 10 minutes:
+# bench/cuda_train_load.py (a training artifact loaded by fresh processes,
+# step by step, with Triton's cache empty and warm), bench/compile_time.py (a 16-layer Llama, full graph against regional,
+# inference and training) and bench/build_cost.py (a cold build against the
+# rebuilds the shared compile cache serves: identical layers, distinct
+# layers, regional), one after another so that no two time each other.
+# Each step has its own time limit and writes its table as it ends, so a
+# call cut short still brings back what finished.
+#
+# Prepare here: scripts/gpu_wheels.sh and scripts/gpu_wheels.sh hf; run with
+# the device tool carrying .whl and .whl-hf:
+#   OUT=$OUT bash scripts/gpu_build_time.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results}
+mkdir -p "$OUT"
+t0=$SECONDS
+stamp() { echo "[$((SECONDS - t0)) s] $*"; }
+. scripts/gpu_carried.sh
+install_carried_wheels .whl .whl-hf || exit 1
+# The compiler the GPU image's worker chooses (farm.build.toolchain picks
+# /usr/bin/g++ there; its full choice costs about a minute and these
+# aot_compile builds link no C++ wrapper).
+export CXX=${CXX:-/usr/bin/g++}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+stamp "cuda_train_load"
+timeout "${TRAIN_LOAD_S:-150}" python3 bench/cuda_train_load.py --repeats 2 \
+  --profile "$OUT/cuda_train_load-profile.txt" --out "$OUT/cuda_train_load.txt" \
+  >"$OUT/cuda_train_load.log" 2>&1
+stamp "cuda_train_load rc=$?"
+stamp "compile_time"
+timeout "${COMPILE_TIME_S:-190}" python3 bench/compile_time.py --device cuda \
+  --out "$OUT/compile_time-cuda.txt" >"$OUT/compile_time-cuda.log" 2>&1
+stamp "compile_time rc=$?"
+run_cost() {   # NAME LIMIT_S [build_cost.py options]
+  local name=$1 limit=$2; shift 2
+  stamp "build_cost $name"
+  timeout "$limit" python3 bench/build_cost.py --device cuda "$@" \
+    --out "$OUT/build_cost-cuda-$name.txt" >"$OUT/build_cost-cuda-$name.log" 2>&1
+  stamp "build_cost $name rc=$?"
+}
+# BUILD_COST picks the cases (all three fit 600 s only without the steps above).
+for c in ${BUILD_COST:-full distinct regional}; do
+  case $c in
+    full) run_cost full "${FULL_S:-110}";;
+    distinct) run_cost distinct "${DISTINCT_S:-100}" --distinct;;
+    regional) run_cost regional "${REGIONAL_S:-100}" --option regional=true;;
+  esac
+done
+for f in "$OUT"/cuda_train_load.txt "$OUT"/compile_time-cuda.txt "$OUT"/build_cost-cuda-*.txt; do
+  [ -f "$f" ] && { echo "== $f"; cat "$f"; }
+done
