@@ -46,6 +46,9 @@ from farm.build.sandbox import run_isolated  # noqa: E402
 from farm.build.steps import compile_env  # noqa: E402
 from farm.core.specs import JobSpec  # noqa: E402
 
+# The checkout first, then what this process had (a GPU host's carried wheels).
+PYTHONPATH = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
 # The node's process: every step timed from the interpreter's start (argv[3]).
 NODE = r"""
 import json, sys, time
@@ -122,7 +125,7 @@ open(sys.argv[3], "w").write(s.getvalue())
 def node(path: str, spec: JobSpec, cache: Path, triton_cache: Path, device: str
          ) -> dict[str, float]:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),
-           "TRITON_CACHE_DIR": str(triton_cache), "PYTHONPATH": str(ROOT)}
+           "TRITON_CACHE_DIR": str(triton_cache), "PYTHONPATH": PYTHONPATH}
     out = subprocess.run([sys.executable, "-c", NODE, path, json.dumps(spec.to_json()),
                           repr(time.time()), device], env=env, capture_output=True, text=True,
                          timeout=600)
@@ -185,7 +188,7 @@ def main() -> None:
             cache = tmp / "profile"
             cache.mkdir()
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),
-                   "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONPATH": str(ROOT)}
+                   "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONPATH": PYTHONPATH}
             subprocess.run([sys.executable, "-c", PROFILE, path, json.dumps(spec.to_json()),
                             str(args.profile), args.device], env=env, check=True, timeout=600)
     import torch

@@ -19,6 +19,7 @@ mkdir -p "$OUT"
 t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 . scripts/gpu_carried.sh
+use_carried_debs
 install_carried_wheels .whl .whl-hf || exit 1
 # The compiler the GPU image's worker chooses (farm.build.toolchain picks
 # /usr/bin/g++ there; its full choice costs about a minute and these
@@ -41,8 +42,9 @@ run_cost() {   # NAME LIMIT_S [build_cost.py options]
     --out "$OUT/build_cost-cuda-$name.txt" >"$OUT/build_cost-cuda-$name.log" 2>&1
   stamp "build_cost $name rc=$?"
 }
-# BUILD_COST picks the cases (all three fit 600 s only without the steps above).
-for c in ${BUILD_COST:-full distinct regional}; do
+# BUILD_COST picks the cases, BUILD_COST= none (all three fit 600 s only
+# without the steps above).
+for c in ${BUILD_COST-full distinct regional}; do
   case $c in
     full) run_cost full "${FULL_S:-110}";;
     distinct) run_cost distinct "${DISTINCT_S:-100}" --distinct;;

@@ -16,7 +16,7 @@ pyseccomp pytest pluggy iniconfig pytest-timeout psutil pygments packaging"
 if [ "${1:-}" = hf ]; then
   PKGS="transformers tokenizers safetensors huggingface-hub regex pyyaml tqdm typer httpx anyio
 sniffio h11 httpcore certifi idna rich shellingham markdown-it-py mdurl pygments typing-extensions
-filelock fsspec packaging"
+filelock fsspec packaging httpx2 httpcore2 truststore hf-xet click annotated-doc"
 fi
 DEST=.whl
 [ "${1:-}" = hf ] && DEST=.whl-hf

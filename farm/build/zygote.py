@@ -541,7 +541,22 @@ def warm_up_compiler(backend: str = "inductor") -> None:
     imports and first-use tables): 1.1 of a 16-layer Llama's 3.0 s of Dynamo
     on 2 cores (docs/benchmarks.md). Dynamo's caches are reset afterwards, so
     a child starts with none of the sample's code, and the process keeps one
-    thread. A failure leaves the children to pay it."""
+    thread. A failure leaves the children to pay it.
+
+    Not where this process can see a CUDA device: Dynamo saves and restores
+    the CUDA RNG state around every frame it converts
+    (``convert_frame.preserve_global_state`` calls ``torch.cuda.get_rng_state``
+    whenever ``torch.cuda.is_available()``), which starts CUDA, and torch then
+    refuses CUDA in every fork: the zygote would serve nobody (measured on an
+    H100 host: "CUDA was initialised by an import", children started fresh).
+    The question itself is NVML's there (``main`` sets
+    ``PYTORCH_NVML_BASED_CUDA_CHECK``), so asking starts nothing."""
+    import torch
+
+    if torch.cuda.is_available():
+        print("zygote: no warm-up compile on a host with a CUDA device (Dynamo would "
+              "start CUDA, and no fork could use it)", file=sys.stderr, flush=True)
+        return
     with _scratch_inductor_cache():
         try:
             import torch

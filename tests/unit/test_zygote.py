@@ -180,6 +180,25 @@ def test_a_warmed_zygotes_child_starts_with_the_compiler_used_and_no_counts_of_i
     assert res.value == {"codegen_loaded": warm_up, "counters": {}}, res.value
 
 
+def test_no_warm_up_compile_where_a_cuda_device_is_seen(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """On a GPU host the warm-up would start CUDA (Dynamo saves the CUDA RNG
+    state around every frame), and the zygote would then serve nobody: it
+    skips the compile there and says why."""
+    import torch
+
+    compiled: list[object] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiled.append(a))
+    zygote.warm_up_compiler()
+    assert compiled == []
+    assert "no warm-up compile on a host with a CUDA device" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiled.append(a) or (lambda x: x))
+    zygote.warm_up_compiler()
+    assert len(compiled) == 1  # a host without one compiles its sample
+
+
 def test_the_wipe_keeps_mount_points_and_their_parents(tmp_path: Path) -> None:
     """bubblewrap makes a bind's missing parents on the private /tmp (a
     checkout under /tmp): emptying /tmp must step around them."""
