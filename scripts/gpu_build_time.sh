@@ -2,15 +2,17 @@
 # What a build costs on a GPU host, and where a node's load of a training
 # artifact goes, in one device call of under 10 minutes:
 # bench/cuda_train_load.py (a training artifact loaded by fresh processes,
-# step by step, with Triton's cache empty and warm), bench/compile_time.py (a 16-layer Llama, full graph against regional,
+# step by step, with Triton's cache empty, warm or the build's),
+# bench/compile_time.py (a 16-layer Llama, full graph against regional,
 # inference and training) and bench/build_cost.py (a cold build against the
 # rebuilds the shared compile cache serves: identical layers, distinct
 # layers, regional), one after another so that no two time each other.
 # Each step has its own time limit and writes its table as it ends, so a
 # call cut short still brings back what finished.
 #
-# Prepare here: scripts/gpu_wheels.sh and scripts/gpu_wheels.sh hf; run with
-# the device tool carrying .whl and .whl-hf:
+# Prepare here: scripts/gpu_wheels.sh, scripts/gpu_wheels.sh hf and the .deb/
+# packages (scripts/gpu_check.sh says how); run with the device tool carrying
+# .whl, .whl-hf and .deb:
 #   OUT=$OUT bash scripts/gpu_build_time.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."

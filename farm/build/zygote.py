@@ -559,8 +559,6 @@ def warm_up_compiler(backend: str = "inductor") -> None:
         return
     with _scratch_inductor_cache():
         try:
-            import torch
-
             sample = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(),
                                          torch.nn.LayerNorm(8))
             # One compile thread: a pool's threads would outlive the warm-up,
