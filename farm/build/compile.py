@@ -469,19 +469,36 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
             except Exception as exc:  # the artifact stands; nodes compile the kernels
                 log.warning("CPU warm-up failed, no kernels shipped: %s", exc)
                 kernels = None
-    bundle_meta = {}
+    bundle_meta: dict[str, Any] = {}
     if kernels:
         from torch._inductor import config as inductor_config
         from torch._inductor.cpp_builder import get_cpp_compiler
 
         bundle_meta["cpp_compiler"] = get_cpp_compiler()
         bundle_meta["precompiled_headers"] = bool(inductor_config.cpp_cache_precompile_headers)
+    cubins: list[Path] = []
+    roots: dict[str, Path] = {}
+    if device.type == "cuda":
+        # Every compiled Triton binary of the build, each config's: torch's
+        # own bundle drops the static launcher of any kernel one of whose
+        # configs' binaries a fresh node lacks, and the node compiles it again
+        # (farm.node.bundle).
+        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+        index = device.index or 0
+        roots["triton/"] = Path(triton_cache_dir(index))
+        cubins = list(roots["triton/"].rglob("*.cubin"))
+        bundle_meta["triton_device"] = index
     with stage_times.stage(stage_times.SAVE):
         shipped = write_bundle(path, cache_root, {"autotune/": configs,
-                                                  "kernels/": kernels or []}, meta=bundle_meta)
+                                                  "kernels/": kernels or [],
+                                                  "triton/": cubins},
+                               meta=bundle_meta, roots=roots)
     return {
         # Kernels whose autotuning result ships inside the artifact.
         "autotune_configs": shipped["autotune/"],
+        # Compiled Triton binaries inside it (a node starts them, no recompile).
+        **({"triton_binaries": shipped["triton/"]} if device.type == "cuda" else {}),
         # Compiled CPU kernel libraries inside it (a node loads them, no g++).
         **({"cpu_kernels": shipped["kernels/"]} if device.type == "cpu" else {}),
         **({"autotune": "not run on the builder: a fake-weight build has no weights to run "

@@ -12,6 +12,17 @@ and files that go into the loading process's Inductor cache before the load.
     ``-v`` output, which names the compiler as invoked: ``g++`` and
     ``/usr/bin/g++`` give different keys), and ``precompiled_headers``
     (a define on the kernels' command line).
+``triton/<hash key>/<kernel>.cubin``
+    Every Triton binary a CUDA build compiled, each autotuning config's,
+    relative to the build's Triton cache dir; a node puts them in its own
+    (``triton_cache_dir`` of ``triton_device`` in ``bundle.json``) before
+    loading. torch's own bundle inside the bytes keeps the kernels' static
+    launchers but only some of the binaries they name, and one that is
+    missing on a fresh node drops that kernel's launcher: the node then
+    compiles the kernel again (seen as "first call compiles" in the farm's
+    verification on an H100; upstream, torch 2.13's
+    ``keep_static_cubin_raw`` carries the bytes instead, torch 2.11 has no
+    such setting).
 ``kernels/<2 chars>/<hash>[.main].so``
     The compiled C++ kernels of a CPU build. A CPU ``aot_compile`` artifact
     holds C++ source, and without these a node compiles it again with g++ at
@@ -43,7 +54,7 @@ MAGIC = b"PK\x03\x04"
 ARTIFACT = "aot_compile.bin"
 META = "bundle.json"
 # section prefix -> the only suffix its entries may have
-SECTIONS = {"autotune/": ".best_config", "kernels/": ".so"}
+SECTIONS = {"autotune/": ".best_config", "kernels/": ".so", "triton/": ".cubin"}
 _FIXED_DATE = (1980, 1, 1, 0, 0, 0)  # equal inputs give equal bytes
 
 
@@ -58,10 +69,13 @@ def is_bundle(path: Path) -> bool:
 
 
 def write_bundle(path: Path, cache: Path, sections: dict[str, Iterable[Path]],
-                 meta: dict[str, Any] | None = None) -> dict[str, int]:
+                 meta: dict[str, Any] | None = None,
+                 roots: dict[str, Path] | None = None) -> dict[str, int]:
     """Rewrite ``path`` as a bundle of torch's bytes, ``meta`` and the given
-    files under ``cache`` (by section); left a plain artifact when there are
+    files under ``cache`` (by section; a section in ``roots`` is named
+    relative to its own dir instead); left a plain artifact when there are
     no files. Returns the number of files per section."""
+    roots = roots or {}
     picked = {s: sorted({p for p in files if p.is_file()}) for s, files in sections.items()}
     counts = {s: len(files) for s, files in picked.items()}
     if not any(counts.values()):
@@ -75,7 +89,7 @@ def write_bundle(path: Path, cache: Path, sections: dict[str, Iterable[Path]],
                         json.dumps(meta, sort_keys=True))
         for section, files in picked.items():
             for p in files:
-                rel = p.relative_to(cache).as_posix()
+                rel = p.relative_to(roots.get(section, cache)).as_posix()
                 _check(section, rel)
                 zf.writestr(zipfile.ZipInfo(section + rel, date_time=_FIXED_DATE), p.read_bytes())
     os.replace(tmp, path)
@@ -106,6 +120,21 @@ def _check(section: str, rel: str) -> None:
     if not rel.endswith(SECTIONS[section]):
         raise BundleError(f"bad {section.rstrip('/')} entry {rel!r} in artifact bundle: "
                           f"only {SECTIONS[section]} files")
+
+
+def section_root(section: str, meta: dict[str, Any]) -> Path | None:
+    """Where a section's files go in this process: ``triton/`` into Triton's
+    cache dir as Inductor names it for the build's device index (where
+    ``reload_cubin_path`` looks), the others into the Inductor cache dir
+    (None: ``install_into_cache``'s default)."""
+    if section != "triton/":
+        return None
+    index = meta.get("triton_device", 0)
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise BundleError(f"bad triton_device {index!r} in artifact bundle")
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+    return Path(triton_cache_dir(index))
 
 
 def install_into_cache(section: str, files: dict[str, bytes], root: Path | None = None) -> int:

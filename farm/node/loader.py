@@ -211,7 +211,7 @@ def _load_aot_compile(path: Path, module: Any, *, disable_guard_check: bool = Fa
         try:
             payload, sections, meta = bundle.read_bundle(path)
             for section, files in sections.items():
-                bundle.install_into_cache(section, files)
+                bundle.install_into_cache(section, files, root=bundle.section_root(section, meta))
         except bundle.BundleError as exc:
             raise ArtifactLoadError(str(exc)) from exc
         if sections["kernels/"]:

@@ -44,6 +44,42 @@ def test_a_bundle_round_trips_and_installs_only_what_is_missing(tmp_path: Path) 
     assert (node / "ef/cef0.main.so").read_bytes() == b"\x7fELF2"
 
 
+def test_triton_binaries_ship_from_the_builds_triton_cache_into_the_nodes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA build's Triton binaries are named relative to its own Triton
+    cache dir, not the Inductor cache, and a node puts them where Inductor's
+    ``reload_cubin_path`` looks: Triton's cache dir for the build's device."""
+    cache = _cache(tmp_path)
+    triton = tmp_path / "triton-cache"
+    cubin = triton / "HASHKEY" / "triton_poi_fused_add_0.cubin"
+    cubin.parent.mkdir(parents=True)
+    cubin.write_bytes(b"\x7fELFcubin")
+    (triton / "HASHKEY" / "triton_poi_fused_add_0.ptx").write_text("not shipped")
+    art = tmp_path / "aot_compile.bin"
+    art.write_bytes(b"torch bytes")
+    counts = bundle.write_bundle(art, cache, {"autotune/": [cache / "ab/cafe.best_config"],
+                                              "triton/": [cubin]},
+                                 meta={"triton_device": 0}, roots={"triton/": triton})
+    assert counts == {"autotune/": 1, "triton/": 1}
+    _, sections, meta = bundle.read_bundle(art)
+    assert sections["triton/"] == {"HASHKEY/triton_poi_fused_add_0.cubin": b"\x7fELFcubin"}
+
+    node_triton = tmp_path / "node-triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(node_triton))
+    root = bundle.section_root("triton/", meta)
+    assert root == node_triton
+    assert bundle.section_root("autotune/", meta) is None  # the Inductor cache, as before
+    assert bundle.install_into_cache("triton/", sections["triton/"], root=root) == 1
+    assert (node_triton / "HASHKEY/triton_poi_fused_add_0.cubin").read_bytes() == b"\x7fELFcubin"
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    # Without TRITON_CACHE_DIR: Inductor's own place for the device's binaries.
+    assert bundle.section_root("triton/", {"triton_device": 1}) == tmp_path / "inductor/triton/1"
+    for bad in (-1, "0", True, None):
+        with pytest.raises(bundle.BundleError, match="triton_device"):
+            bundle.section_root("triton/", {"triton_device": bad})
+
+
 def test_same_inputs_give_the_same_bundle_bytes(tmp_path: Path) -> None:
     cache = _cache(tmp_path)
     out = []
@@ -67,6 +103,7 @@ def test_nothing_to_ship_leaves_a_plain_artifact(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("section", "rel"), [
     ("kernels/", "../../evil.so"), ("kernels/", "ab/evil.py"),
     ("autotune/", "ab/evil.so"), ("autotune/", "/etc/evil.best_config"),
+    ("triton/", "../evil.cubin"), ("triton/", "HASH/evil.so"), ("triton/", "HASH/k.json"),
 ])
 def test_entries_that_leave_the_cache_or_their_kind_are_refused(
         tmp_path: Path, section: str, rel: str) -> None:
