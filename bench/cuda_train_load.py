@@ -1,6 +1,6 @@
 """Where a CUDA node's seconds go when it loads a training (``aot_compile``)
-artifact in a fresh process, step by step, with Triton's own cache empty and
-warm.
+artifact in a fresh process, step by step, with Triton's own cache empty,
+warm, or the build's.
 
     python3 bench/cuda_train_load.py [--model farm.zoo.basic:bench_transformer] \
         [--input bfloat16[8,512,1024]] [--repeats 2] [--profile FILE] [--out FILE]
@@ -19,9 +19,13 @@ side by side, each with an empty Inductor cache:
                          the same with a ``TRITON_CACHE_DIR`` that one earlier
                          process on the machine used (what ``farm prefetch`` at
                          provisioning, or any earlier process, leaves)
+  artifact, the build's Triton cache
+                         the same with a copy of the build's whole Triton cache
+                         (every file of every kernel, beyond the binaries the
+                         artifact carries: farm.node.bundle)
 
 With ``--profile FILE`` one more empty-cache load runs under cProfile and the
-30 slowest calls by cumulative time are written to FILE.
+40 slowest calls by cumulative time are written to FILE.
 """
 
 from __future__ import annotations
@@ -122,13 +126,17 @@ open(sys.argv[3], "w").write(s.getvalue())
 """
 
 
+def node_env(cache: Path, triton_cache: Path) -> dict[str, str]:
+    """A fresh node process's environment: its own Inductor and Triton caches."""
+    return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),
+            "TRITON_CACHE_DIR": str(triton_cache), "PYTHONPATH": PYTHONPATH}
+
+
 def node(path: str, spec: JobSpec, cache: Path, triton_cache: Path, device: str
          ) -> dict[str, float]:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),
-           "TRITON_CACHE_DIR": str(triton_cache), "PYTHONPATH": PYTHONPATH}
     out = subprocess.run([sys.executable, "-c", NODE, path, json.dumps(spec.to_json()),
-                          repr(time.time()), device], env=env, capture_output=True, text=True,
-                         timeout=600)
+                          repr(time.time()), device], env=node_env(cache, triton_cache),
+                         capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise SystemExit(f"node process failed: {out.stderr[-3000:]}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -163,6 +171,7 @@ def main() -> None:
         rows = ("eager", "artifact, Triton cache empty", "artifact, Triton cache warm",
                 "artifact, the build's Triton cache")
         results: dict[str, list[dict[str, float]]] = {r: [] for r in rows}
+        built = tmp / "work" / "triton-cache"  # the build's own (compile_env)
         for r in range(args.repeats):
             warm_triton = tmp / f"triton-warm-{r}"
             # One earlier process on this machine: Triton's driver helpers built there.
@@ -175,9 +184,7 @@ def main() -> None:
                 cache = tmp / f"node-{r}-{i}"
                 cache.mkdir()
                 triton_cache = warm_triton if name.endswith("warm") else cache / "triton"
-                built = tmp / "work" / "triton-cache"
                 if name.endswith("build's Triton cache") and built.is_dir():
-                    # What shipping the build's compiled Triton kernels would give.
                     shutil.copytree(built, triton_cache)
                 got = node("eager" if name == "eager" else path, spec, cache, triton_cache,
                            args.device)
@@ -187,10 +194,9 @@ def main() -> None:
         if args.profile:
             cache = tmp / "profile"
             cache.mkdir()
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),
-                   "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONPATH": PYTHONPATH}
             subprocess.run([sys.executable, "-c", PROFILE, path, json.dumps(spec.to_json()),
-                            str(args.profile), args.device], env=env, check=True, timeout=600)
+                            str(args.profile), args.device],
+                           env=node_env(cache, cache / "triton"), check=True, timeout=600)
     import torch
 
     base = statistics.median(x["first_s"] for x in results["eager"])

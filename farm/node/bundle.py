@@ -20,9 +20,9 @@ and files that go into the loading process's Inductor cache before the load.
     launchers but only some of the binaries they name, and one that is
     missing on a fresh node drops that kernel's launcher: the node then
     compiles the kernel again (the likely cause of "first call compiles" in
-    the farm's verification on an H100, not yet measured with this; upstream, torch 2.13's
-    ``keep_static_cubin_raw`` carries the bytes instead, torch 2.11 has no
-    such setting).
+    the farm's verification on an H100; not yet measured with this section).
+    Upstream, torch 2.13's ``keep_static_cubin_raw`` carries the bytes
+    instead; torch 2.11 has no such setting.
 ``kernels/<2 chars>/<hash>[.main].so``
     The compiled C++ kernels of a CPU build. A CPU ``aot_compile`` artifact
     holds C++ source, and without these a node compiles it again with g++ at
