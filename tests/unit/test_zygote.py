@@ -181,11 +181,18 @@ def test_a_warmed_zygotes_child_starts_with_the_compiler_used_and_no_counts_of_i
 
 
 def test_no_warm_up_compile_where_a_cuda_device_is_seen(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
     """On a GPU host the warm-up would start CUDA (Dynamo saves the CUDA RNG
     state around every frame), and the zygote would then serve nobody: it
     skips the compile there and says why."""
+    import tempfile
+
     import torch
+
+    # The warm-up's scratch cache dir goes with a zygote's private /tmp;
+    # here it goes with the test's own directory.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     compiled: list[object] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
