@@ -5,6 +5,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 import pytest
 
@@ -97,12 +98,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("TORCH_FARM_TEST_REDIS_BASE", str(random.randint(0, 14)))
     # Each test process compiles into an Inductor cache of its own (and the
     # farms and nodes it starts inherit it), as each machine of a fleet has
-    # one: kernels compiled in the test process itself went missing from
-    # torch's default cache, shared by every process of the run, between
-    # their build and their load ("cannot open shared object file"), once
-    # in a CI run. Set in each xdist worker (or the one process of -n 0),
-    # not in the controller, whose environment the workers inherit; a
-    # user's own setting stays.
+    # one. Set in each xdist worker (or the one process of -n 0), not in the
+    # controller, whose environment the workers inherit; a user's own
+    # setting stays.
     xdist_controller = (not os.environ.get("PYTEST_XDIST_WORKER")
                         and bool(getattr(config.option, "numprocesses", None)))
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ and not xdist_controller:
@@ -144,13 +142,36 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(_slowdown_line())
 
 
+@pytest.fixture(autouse=True)
+def _inductor_compiler_unchanged() -> Iterator[None]:
+    """A test that leaves Inductor's C++ compiler changed in this process
+    fails itself, and the compiler is put back: left at a test's fake one
+    (which exits 0 and writes nothing), every later in-process compile of
+    the worker failed to load its kernel ("cannot open shared object
+    file"), a flake of whichever test ran next (docs/testing.md)."""
+    import sys
+
+    def current() -> object:
+        config = sys.modules.get("torch._inductor.config")
+        return None if config is None else config.cpp.cxx
+
+    before = current()
+    yield
+    after = current()
+    if before is not None and after != before:
+        sys.modules["torch._inductor.config"].cpp.cxx = before
+        pytest.fail(f"the test left Inductor's compiler changed: {before!r} -> {after!r}; "
+                    "restore torch._inductor.config.cpp.cxx when the test ends")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _headers_only_from_the_store() -> None:
     """Tests that compile in the test process itself get precompiled headers
     as build children do: from the session's store, never from torch's own
     header build (which, left on here, once failed a CI build with an
-    IndexError from its hashing: its preprocessed file under /tmp was gone;
-    what removed it was not found, docs/testing.md)."""
+    IndexError from its hashing: its preprocessed file was not there, most
+    likely a test's fake compiler left in Inductor's config,
+    docs/testing.md)."""
     from farm.build import pch
     from farm.core import precompiled_headers
 

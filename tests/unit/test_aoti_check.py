@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def cxx_wrapper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture
-def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A PATH of its own, a cache file of its own, no CXX."""
     d = tmp_path / "bin"
     d.mkdir()
@@ -45,7 +46,15 @@ def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv(toolchain.CXX_BEFORE_CHOICE_ENV)
     monkeypatch.setenv("FARM_AOTI_CHECK_CACHE", str(tmp_path / "aoti-check.json"))
     monkeypatch.setattr(toolchain, "_current", None)
-    return d
+    # use_compiler also sets Inductor's own compiler in this process: left at
+    # a fake one (which "compiles" nothing and exits 0), every later compile
+    # in this test process failed to load its kernel ("cannot open shared
+    # object file"), a flake of whichever test ran next in the worker.
+    from torch._inductor import config
+
+    saved = config.cpp.cxx
+    yield d
+    config.cpp.cxx = saved
 
 
 class Probes:
