@@ -696,10 +696,33 @@ def child_main(argv: list[str]) -> int:
         })
         sys.stdout.flush()
         sys.stderr.flush()
+        _end_descendants()
         return 1
     sys.stdout.flush()
     sys.stderr.flush()
+    _end_descendants()
     return 0
+
+
+def _end_descendants(wait_s: float = 2.0) -> None:
+    """Kill what the target started and left running, and wait for it: the
+    child ends with ``os._exit``, so Inductor's compile pool (a process per
+    compile thread, 16 on a GPU host) was still alive when a zygote looked
+    for leftovers, and every build threw its sandbox away and paid a new
+    zygote's start (measured on an H100 host). What escaped this process's
+    tree (a daemon) is not found here, and the zygote still refuses to serve
+    after it."""
+    try:
+        import psutil
+
+        kids = psutil.Process().children(recursive=True)
+    except Exception:  # the zygote's check still stands
+        return
+    for kid in kids:
+        with contextlib.suppress(psutil.Error):
+            kid.kill()
+    with contextlib.suppress(Exception):
+        psutil.wait_procs(kids, timeout=wait_s)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +208,8 @@ class Zygote:
     dirty: bool = False
     state: Path | None = None
     lease: Any = None  # farm.build.uid_slots.Lease, while started
+    # Seconds of each step of its start, as the zygote measured them.
+    start_phases: dict[str, float] = field(default_factory=dict)
     _buf: bytes = b""
 
     def start(self) -> None:
@@ -240,7 +242,13 @@ class Zygote:
                                              pass_fds=cmd.pass_fds, start_new_session=True)
             finally:
                 cmd.close()
+        t0 = time.monotonic()
         ready = self._reply(_START_TIMEOUT_S)
+        # Where the start went, in the worker's log: on a GPU host it is the
+        # larger part of a first build (docs/benchmarks.md).
+        self.start_phases = {str(k): float(v) for k, v in (ready.get("phases") or {}).items()}
+        log.info("build zygote (%s) answered in %.1f s: %s", self.preload,
+                 time.monotonic() - t0, describe_phases(self.start_phases))
         if not ready.get("ready"):
             raise ZygoteFailed(f"zygote did not start: {ready}")
         import psutil
@@ -422,6 +430,22 @@ def _write(msg: Mapping[str, Any]) -> None:
     os.write(_PROTO_FD, json.dumps(dict(msg)).encode() + b"\n")
 
 
+# How long a child's own helpers may take to go after it (Inductor's compile
+# pool exits when its parent does, within a second; the child also ends its
+# descendants itself, farm.build.sandbox.child_main) before they count as left
+# behind and the sandbox is thrown away.
+_LEFTOVER_GRACE_S = 2.0
+
+
+def _others_after_grace() -> list[int]:
+    deadline = time.monotonic() + _LEFTOVER_GRACE_S
+    left = _others()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = _others()
+    return left
+
+
 def _others() -> list[int]:
     me = os.getpid()
     return [int(p) for p in os.listdir("/proc")
@@ -507,7 +531,7 @@ def _child(req: dict[str, Any]) -> None:
         os._exit(code)
 
 
-def _warm_answers(slot: str, *, warm: bool) -> None:
+def _warm_answers(slot: str, *, warm: bool, phases: dict[str, float]) -> None:
     """Answer, once per zygote, what every compile child asks before its first
     kernel and what depends only on this zygote's key (its import-time
     environment: the compiler, ATen's capability, Inductor's ISA settings):
@@ -516,7 +540,7 @@ def _warm_answers(slot: str, *, warm: bool) -> None:
     on 2 cores). Its probe builds go to a directory of the zygote's own,
     emptied with ``/tmp`` before the first child; a failure leaves the
     children to ask themselves, as before."""
-    with _scratch_inductor_cache():
+    with _scratch_inductor_cache(), _timed(phases, "ISA pick"):
         try:
             from torch._inductor.cpu_vec_isa import pick_vec_isa
 
@@ -524,15 +548,30 @@ def _warm_answers(slot: str, *, warm: bool) -> None:
         except Exception as exc:  # the children ask again
             print(f"zygote: Inductor's ISA pick failed here ({exc}); children pick",
                   file=sys.stderr, flush=True)
-    _warm_compile(slot, backend="inductor", warm=warm)
+    _warm_compile(slot, backend="inductor", warm=warm, phases=phases)
 
 
-def _warm_compile(slot: str, *, backend: str, warm: bool) -> None:
+def _warm_compile(slot: str, *, backend: str, warm: bool, phases: dict[str, float]) -> None:
     """``warm_up_compiler`` before serving, where ``FARM_ZYGOTE_WARM_UP``
     asks for it; what the zygote wrote for itself goes with ``/tmp``."""
     if warm:
-        warm_up_compiler(backend)
+        with _timed(phases, "warm-up compile"):
+            warm_up_compiler(backend)
     _wipe("/tmp", _mount_points() | {slot})
+
+
+@contextlib.contextmanager
+def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        phases[name] = round(time.monotonic() - t0, 3)
+
+
+def describe_phases(phases: Mapping[str, float]) -> str:
+    """``{"imports": 3.21, ...}`` as "imports 3.2 s, ...", for a log line."""
+    return ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()) or "no phases reported"
 
 
 def warm_up_compiler(backend: str = "inductor") -> None:
@@ -643,32 +682,37 @@ def main() -> int:
     nvml_check = "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
     if nvml_check:
         os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    phases: dict[str, float] = {}
     try:
-        for name in preload:
-            importlib.import_module(name)
-        for name in OPTIONAL_PRELOADS.get(which, ()):
-            with contextlib.suppress(ImportError):
+        with _timed(phases, "imports"):
+            for name in preload:
                 importlib.import_module(name)
+        with _timed(phases, "optional imports"):
+            for name in OPTIONAL_PRELOADS.get(which, ()):
+                with contextlib.suppress(ImportError):
+                    importlib.import_module(name)
         if "farm.build.compile" in preload:
             # Its children inherit the hook (farm.build.pch); they install it
             # again, which changes nothing.
             from farm.core.precompiled_headers import install_from_env
 
-            install_from_env()
-            _warm_answers(slot, warm=warm)
+            with _timed(phases, "precompiled headers"):
+                install_from_env()
+            _warm_answers(slot, warm=warm, phases=phases)
         else:
-            _warm_compile(slot, backend="eager", warm=warm)
+            _warm_compile(slot, backend="eager", warm=warm, phases=phases)
     finally:
         if nvml_check:
             os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
-    cuda_ok = _cuda_fork_safe()
+    with _timed(phases, "CUDA fork check"):
+        cuda_ok = _cuda_fork_safe()
     # One Python thread: a fork copies only the calling one. (numpy's OpenBLAS
     # starts a native pool when torch imports numpy; its own pthread_atfork
     # handlers stop it before a fork and the child starts its own, as in the
     # node agent, farm.node.agent.)
     threads = threading.active_count()
     _write({"ready": threads == 1 and cuda_ok is None, "threads": threads,
-            "others": len(_others()), "cuda": cuda_ok or "fork-safe"})
+            "others": len(_others()), "cuda": cuda_ok or "fork-safe", "phases": phases})
     if threads != 1 or cuda_ok is not None:
         return 1
     stdin = os.fdopen(0, "rb", buffering=0)
@@ -689,7 +733,7 @@ def main() -> int:
             _child(req)
         _write({"pid": pid})
         _, status = os.waitpid(pid, 0)
-        left = _others()
+        left = _others_after_grace()
         keep = _mount_points() | {slot}
         clean = _wipe("/tmp", keep) and _wipe("/dev/shm", keep)
         _write({"status": status, "leftovers": len(left), "clean": clean and not left})

@@ -45,11 +45,19 @@ def look(p):
             "torch_loaded": "torch" in __import__("sys").modules}
 
 def daemon(p):
+    # A real daemon: it leaves the child's process tree (double fork).
     if os.fork() == 0:
         os.setsid()
-        time.sleep(600)
+        if os.fork() == 0:
+            time.sleep(600)
         os._exit(0)
+    os.wait()
     return os.getpid()
+
+def helper(p):
+    # A helper the child started and did not stop (as Inductor's compile pool).
+    import subprocess
+    return subprocess.Popen(["sleep", "600"]).pid
 
 def hang(p):
     time.sleep(600)
@@ -103,6 +111,8 @@ def test_children_fork_from_one_zygote_and_see_nothing_of_each_other(probe: Path
     assert seen.warm and 0 <= seen.stages["child start"] < seen.wall_s, seen.stages
     (z,) = zygote.ZYGOTES._by_key.values()
     assert not z.dirty  # and vouched for its sandbox after each child
+    # Where its start went, as it measured it (the worker logs it).
+    assert z.start_phases["imports"] > 0 and "CUDA fork check" in z.start_phases
     v = seen.value
     assert v["torch_loaded"] and v["env"] == "1"
     assert not v["planted"], v  # /tmp and /dev/shm emptied between children
@@ -122,6 +132,16 @@ def test_a_process_left_behind_retires_the_zygote(probe: Path) -> None:
     assert seen.ok and zygote_pid() != old
     # The daemon went with its sandbox.
     assert not Path(f"/proc/{old}").exists()
+
+
+def test_a_childs_own_helper_processes_end_with_it_and_the_zygote_serves_on(
+        probe: Path) -> None:
+    res = run(probe, "helper")
+    assert res.ok, (res.error, res.stderr_tail)
+    (z,) = zygote.ZYGOTES._by_key.values()
+    assert not z.dirty
+    pid = z.host_pid
+    assert run(probe, "look").ok and zygote_pid() == pid
 
 
 def test_a_time_out_kills_the_child_and_retires_the_zygote(probe: Path) -> None:
