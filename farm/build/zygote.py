@@ -539,7 +539,19 @@ def _warm_answers(slot: str, *, warm: bool, phases: dict[str, float]) -> None:
     it test-compiles a program per candidate, 2-7 s of every compile child
     on 2 cores). Its probe builds go to a directory of the zygote's own,
     emptied with ``/tmp`` before the first child; a failure leaves the
-    children to ask themselves, as before."""
+    children to ask themselves, as before.
+
+    Not where this process sees a CUDA device: there it took 33.5 of a
+    zygote's 49.6 s start (an H100 host, bench/build_cost.py), for an answer
+    that CUDA builds never ask (their kernels are Triton's, their wrapper
+    Python); a child that does compile a CPU kernel there picks for itself."""
+    import torch
+
+    if torch.cuda.is_available():
+        print("zygote: no ISA pick on a host with a CUDA device (its builds compile "
+              "Triton kernels)", file=sys.stderr, flush=True)
+        _warm_compile(slot, backend="inductor", warm=warm, phases=phases)
+        return
     with _scratch_inductor_cache(), _timed(phases, "ISA pick"):
         try:
             from torch._inductor.cpu_vec_isa import pick_vec_isa
