@@ -100,11 +100,11 @@ def compile_once(job: JobSpec, *, device: str, store: DirCacheStore, ns: str,
     torch_s = sum(float(a["meta"].get("compile_s") or 0) for a in res.value["artifacts"])
     aot_cache = ",".join(sorted({str(a["meta"].get("aot_autograd_cache", "-"))
                                  for a in res.value["artifacts"]}))
-    # The zygote that served it: where its start went (farm.build.zygote).
-    started = [z.start_phases for z in zygote.ZYGOTES._by_key.values() if z.start_phases]
+    # Where the zygote's start went, when this child waited for it.
+    phases = {k: v for k, v in res.zygote_start.items() if k != "total"}
     return {"s": wall, "torch_s": torch_s, "overhead_s": overhead, "warm": res.warm,
-            "stages": res.stages, "aot_cache": aot_cache,
-            "zygote_phases": started[0] if started else {}, **cache.stats}
+            "stages": res.stages, "aot_cache": aot_cache, "zygote_phases": phases,
+            **cache.stats}
 
 
 def fingerprint(job: JobSpec, *, timeout_s: float) -> tuple[str, float]:
@@ -214,7 +214,7 @@ def main() -> None:
                      f"{describe(r['stages'])}")
             if r["overhead_s"] > 1.0:
                 split += (f"; before the child: {r['overhead_s']:.1f} s (the zygote's start: "
-                          f"{zygote.describe_phases(r['zygote_phases'])})")
+                          f"{describe(r['zygote_phases'])})")
             print(line, split, sep="\n", flush=True)
             lines += [line, split]
         # Identical resubmission: the registry dedupes on the build key.

@@ -23,6 +23,8 @@ from typing import Any
 from farm.build.stage_times import describe
 
 COMPILE_CHILD = "compile child"
+# Waiting for the build zygote's start (farm.build.zygote): a worker's first build.
+ZYGOTE_START = "build zygote start"
 
 
 @dataclass
@@ -31,6 +33,9 @@ class BuildTimings:
     child: dict[str, float] = field(default_factory=dict)
     # The compile child forked from a warm zygote (None: no child ran).
     warm: bool | None = None
+    # The build zygote's start, when this build's child was its first:
+    # the zygote's own split of the worker's "build zygote start" seconds.
+    zygote: dict[str, float] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -43,16 +48,28 @@ class BuildTimings:
     def add(self, name: str, seconds: float) -> None:
         self.worker[name] = round(self.worker.get(name, 0.0) + max(0.0, seconds), 3)
 
-    def child_ran(self, wall_s: float, stages: dict[str, float], *, warm: bool) -> None:
+    def child_ran(self, wall_s: float, stages: dict[str, float], *, warm: bool,
+                  zygote_start: dict[str, float] | None = None) -> None:
+        """The compile child's wall time and its own stages; ``zygote_start``
+        (``SandboxResult.zygote_start``) when it waited for its zygote's
+        start, which is this worker's first build of its kind."""
+        start = dict(zygote_start or {})
+        if "total" in start:
+            self.add(ZYGOTE_START, start.pop("total"))
+            self.zygote = start
         self.add(COMPILE_CHILD, wall_s)
         self.child = dict(stages)
         self.warm = warm
 
     def to_json(self) -> dict[str, Any]:
-        return {"worker": self.worker, "child": self.child, "warm": self.warm}
+        return {"worker": self.worker, "child": self.child, "warm": self.warm,
+                "zygote": self.zygote}
 
     def log_lines(self) -> list[str]:
         lines = [f"seconds, worker: {describe(self.worker)}"] if self.worker else []
+        if self.zygote:
+            lines.append("seconds, build zygote start (once per worker process and kind; "
+                         f"its own account): {describe(self.zygote)}")
         if self.child:
             how = "forked warm" if self.warm else "a new interpreter"
             lines.append(f"seconds, compile child ({how}; its own account): {describe(self.child)}")

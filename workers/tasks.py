@@ -272,7 +272,7 @@ def _compile_and_store(build_key: str, target: Target, spec: JobSpec, fingerprin
             isolation=isolation,
         )
         compile_s = time.monotonic() - t0
-        clock.child_ran(res.wall_s, res.stages, warm=res.warm)
+        clock.child_ran(res.wall_s, res.stages, warm=res.warm, zygote_start=res.zygote_start)
         if not res.ok:
             head, full = _sandbox_error(res)
             service.fail_compile(db, build_key, error=_with_hint(head, res, paths),

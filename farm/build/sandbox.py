@@ -121,6 +121,9 @@ class SandboxResult:
     stages: dict[str, float] = dataclasses.field(default_factory=dict)
     # Forked from a warm zygote (farm.build.zygote), not a new interpreter.
     warm: bool = False
+    # The zygote's start, when this child was its first and waited for it:
+    # "total" (the worker's seconds) and the zygote's own split of them.
+    zygote_start: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -359,6 +362,7 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
         env = {**child_env, "PYTHONPATH": os.pathsep.join(dict.fromkeys([*copies, *tail])),
                **user}
         work = str(Path(cwd).resolve()) if cwd else str(io_dir)
+        first = z.served == 0
         t0, asked = time.monotonic(), time.time()
         child = z.fork({"target": target, "tmpdir": str(io_dir), "argv0": __file__,
                         "stdout": str(io_dir / "stdout"), "stderr": str(io_dir / "stderr"),
@@ -372,6 +376,8 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
                       asked_at=asked)
         res.limits = _limits(None, memory_mb, dataclasses.replace(isolation, uid=z.uid))
         res.warm = True
+        if first:
+            res.zygote_start = {"total": z.start_s, **z.start_phases}
         changed = [p for p, d in before.items() if _digest(p) != d]
         if changed:
             res.ok = False

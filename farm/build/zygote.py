@@ -45,6 +45,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import select
 import shutil
@@ -59,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farm.build.stage_times import describe
 from farm.build.steps import TRACE_STEP
 
 log = logging.getLogger(__name__)
@@ -208,8 +210,12 @@ class Zygote:
     dirty: bool = False
     state: Path | None = None
     lease: Any = None  # farm.build.uid_slots.Lease, while started
-    # Seconds of each step of its start, as the zygote measured them.
+    # Its start: the worker's seconds from launch to its answer, and the
+    # zygote's own split of them (kept_phases).
+    start_s: float = 0.0
     start_phases: dict[str, float] = field(default_factory=dict)
+    # Children forked so far: the first one waited for the start.
+    served: int = 0
     _buf: bytes = b""
 
     def start(self) -> None:
@@ -244,11 +250,12 @@ class Zygote:
                 cmd.close()
         t0 = time.monotonic()
         ready = self._reply(_START_TIMEOUT_S)
-        # Where the start went, in the worker's log: on a GPU host it is the
-        # larger part of a first build (docs/benchmarks.md).
-        self.start_phases = {str(k): float(v) for k, v in (ready.get("phases") or {}).items()}
-        log.info("build zygote (%s) answered in %.1f s: %s", self.preload,
-                 time.monotonic() - t0, describe_phases(self.start_phases))
+        # Where the start went, for the log of the build that waited for it:
+        # on a GPU host it was most of a first build (docs/benchmarks.md).
+        self.start_s = round(time.monotonic() - t0, 3)
+        self.start_phases = kept_phases(ready.get("phases"), total_s=self.start_s)
+        log.info("build zygote (%s) answered in %.1f s: %s", self.preload, self.start_s,
+                 describe(self.start_phases))
         if not ready.get("ready"):
             raise ZygoteFailed(f"zygote did not start: {ready}")
         import psutil
@@ -327,6 +334,7 @@ class Zygote:
             self.dirty = True
 
     def fork(self, request: Mapping[str, Any]) -> _Child:
+        self.served += 1
         self._send(request)
         answer = self._reply(_REPLY_TIMEOUT_S)
         if "pid" not in answer:
@@ -581,9 +589,24 @@ def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
         phases[name] = round(time.monotonic() - t0, 3)
 
 
-def describe_phases(phases: Mapping[str, float]) -> str:
-    """``{"imports": 3.21, ...}`` as "imports 3.2 s, ...", for a log line."""
-    return ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()) or "no phases reported"
+# What a zygote may report of its start (main), in order.
+START_PHASES = ("imports", "optional imports", "precompiled headers", "ISA pick",
+                "warm-up compile", "CUDA fork check")
+
+
+def kept_phases(reported: Any, *, total_s: float) -> dict[str, float]:
+    """What the worker keeps of a zygote's account of its start: known
+    phases only, each a finite number of seconds within the start the worker
+    measured (the zygote runs no model code, but its answer is still
+    input from a sandbox)."""
+    out: dict[str, float] = {}
+    if isinstance(reported, Mapping):
+        for name in START_PHASES:
+            v = reported.get(name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) \
+                    and math.isfinite(v) and 0.0 <= v <= total_s + 1e-3:
+                out[name] = round(float(v), 3)
+    return out
 
 
 def warm_up_compiler(backend: str = "inductor") -> None:

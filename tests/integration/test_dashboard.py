@@ -337,6 +337,8 @@ def test_the_dashboard_in_a_browser_shows_a_failed_builds_log_and_artifacts(
                 for name in ("compile child", "verify aot_compile", "graph check", "Dynamo"):
                     assert name in shown, shown
                 assert f"{timings['worker']['compile child']:.1f} s" in shown
+                if timings.get("zygote"):  # it waited for its worker's build zygote to start
+                    assert "build zygote start" in shown and "imports" in shown, shown
                 shot = tmp_path / "dashboard-build-seconds.png"
                 page.screenshot(path=str(shot), full_page=True)
                 shutil.copy(shot, SCREENSHOTS / "dashboard-build-seconds.png")

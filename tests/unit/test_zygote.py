@@ -106,6 +106,11 @@ def test_children_fork_from_one_zygote_and_see_nothing_of_each_other(probe: Path
     pid = zygote_pid()
     seen = run(probe, "look")
     assert seen.ok, (seen.error, seen.stderr_tail)
+    # The first child waited for the zygote's start, and its result says
+    # where that went; the second did not wait.
+    start = first.zygote_start
+    assert start["total"] >= start["imports"] > 0, start
+    assert seen.zygote_start == {}
     assert zygote_pid() == pid  # the same warm zygote served both
     # Its start, measured by the worker from its request to the child's first line.
     assert seen.warm and 0 <= seen.stages["child start"] < seen.wall_s, seen.stages
@@ -248,6 +253,14 @@ def test_no_isa_pick_where_a_cuda_device_is_seen(monkeypatch: pytest.MonkeyPatch
         zygote._warm_answers(str(tmp_path), warm=False, phases=phases)
         assert picked == want and ("ISA pick" in phases) == (not cuda), phases
     assert wiped == ["/tmp", "/tmp"]
+
+
+def test_a_zygotes_account_of_its_start_is_kept_only_within_what_the_worker_measured(
+        ) -> None:
+    reported = {"imports": 3.2, "ISA pick": 99.0, "CUDA fork check": float("nan"),
+                "warm-up compile": True, "x" * 50: 1.0, "optional imports": -1}
+    assert zygote.kept_phases(reported, total_s=10.0) == {"imports": 3.2}
+    assert zygote.kept_phases(["imports", 3.2], total_s=10.0) == {}
 
 
 def test_the_wipe_keeps_mount_points_and_their_parents(tmp_path: Path) -> None:
