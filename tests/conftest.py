@@ -142,6 +142,28 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(_slowdown_line())
 
 
+@pytest.fixture
+def undo_compiler_choice(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Put back, after the test, what ``farm.build.toolchain.use_compiler``
+    changes in this process: ``CXX`` (which every later farm and child of
+    the test process would inherit), the recorded choice, and Inductor's own
+    compiler (``_inductor_compiler_unchanged`` fails a test that leaves it)."""
+    from torch._inductor import config
+
+    from farm.build import toolchain
+
+    for name in ("CXX", toolchain.CXX_BEFORE_CHOICE_ENV):
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])
+        else:  # set, then removed: monkeypatch then restores its absence
+            monkeypatch.setenv(name, "")
+            monkeypatch.delenv(name)
+    monkeypatch.setattr(toolchain, "_current", toolchain._current)
+    saved = config.cpp.cxx
+    yield
+    config.cpp.cxx = saved
+
+
 @pytest.fixture(autouse=True)
 def _inductor_compiler_unchanged() -> Iterator[None]:
     """A test that leaves Inductor's C++ compiler changed in this process
@@ -158,7 +180,11 @@ def _inductor_compiler_unchanged() -> Iterator[None]:
     before = current()
     yield
     after = current()
-    if before is not None and after != before:
+    # The farm's own choice for this process (farm.build.toolchain) is no
+    # leak: every later build of the process would make it too.
+    from farm.build.toolchain import current_compiler
+
+    if before is not None and after != before and after != (None, current_compiler()):
         sys.modules["torch._inductor.config"].cpp.cxx = before
         pytest.fail(f"the test left Inductor's compiler changed: {before!r} -> {after!r}; "
                     "restore torch._inductor.config.cpp.cxx when the test ends")

@@ -23,6 +23,7 @@ from farm.build import aoti_check, toolchain
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.usefixtures("undo_compiler_choice")  # the answer chooses this process's compiler
 def test_aoti_packages_built_here_load_here() -> None:
     cache = Path(os.environ["FARM_AOTI_CHECK_CACHE"])
     # A directory this session made: the answer below was checked in this session.

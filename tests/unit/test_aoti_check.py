@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,28 +32,20 @@ def cxx_wrapper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture
-def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A PATH of its own, a cache file of its own, no CXX."""
+def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+            undo_compiler_choice: None) -> Path:
+    """A PATH of its own, a cache file of its own, no CXX; what the test's
+    compiler choices change goes back after it (``undo_compiler_choice``:
+    left at one of these fake compilers, which "compile" nothing and exit 0,
+    Inductor failed every later compile of the test process)."""
     d = tmp_path / "bin"
     d.mkdir()
     monkeypatch.setenv("PATH", str(d))
-    # Set, then removed: monkeypatch then restores the variable's absence too,
-    # after use_compiler set it.
-    monkeypatch.setenv("CXX", "")
-    monkeypatch.delenv("CXX")
-    monkeypatch.setenv(toolchain.CXX_BEFORE_CHOICE_ENV, "")
-    monkeypatch.delenv(toolchain.CXX_BEFORE_CHOICE_ENV)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv(toolchain.CXX_BEFORE_CHOICE_ENV, raising=False)
     monkeypatch.setenv("FARM_AOTI_CHECK_CACHE", str(tmp_path / "aoti-check.json"))
     monkeypatch.setattr(toolchain, "_current", None)
-    # use_compiler also sets Inductor's own compiler in this process: left at
-    # a fake one (which "compiles" nothing and exits 0), every later compile
-    # in this test process failed to load its kernel ("cannot open shared
-    # object file"), a flake of whichever test ran next in the worker.
-    from torch._inductor import config
-
-    saved = config.cpp.cxx
-    yield d
-    config.cpp.cxx = saved
+    return d
 
 
 class Probes:
