@@ -28,6 +28,11 @@ def run_worker(
         check_worker_can_isolate()
     except SandboxUnavailable as exc:
         raise SystemExit(f"farm worker {kind}: {exc}") from None
+    # Compiled bytecode for the build children, where this machine's Python
+    # keeps none (farm.build.bytecode): once per machine, beside the first builds.
+    from farm.build.bytecode import fill_in_background as fill_bytecode
+
+    fill_bytecode()
     if kind == "trace":
         queue, target = TRACE_QUEUE, None
     elif kind == "compile":

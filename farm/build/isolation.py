@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from farm.build import syscall_filter
+from farm.build.bytecode import CHILD_ENV as BYTECODE_ENV
 from farm.build.child_env import compiler_free_dir
 from farm.core.precompiled_headers import CHILD_ENV
 
@@ -225,6 +226,10 @@ def bwrap_argv(
     if headers and os.path.isabs(headers) and Path(headers).is_dir():
         # This machine's precompiled headers (farm.build.pch): read, never written.
         bind("ro", Path(headers).resolve())
+    pyc = env.get(BYTECODE_ENV)
+    if pyc and os.path.isabs(pyc) and Path(pyc).is_dir():
+        # This machine's compiled bytecode (farm.build.bytecode): read, never written.
+        bind("ro", Path(pyc).resolve())
     nocc = compiler_free_dir()
     for entry in env.get("PATH", "").split(os.pathsep):
         if nocc is not None and entry == str(nocc):

@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.build import cgroup_limits, memory_budget, stage_times, uid_slots, zygote
+from farm.build import bytecode, cgroup_limits, memory_budget, stage_times, uid_slots, zygote
 from farm.build.child_env import allowed_env, sandbox_user, scrubbed_env
 from farm.build.crash_site import crash_site
 from farm.build.isolation import (
@@ -184,6 +184,10 @@ def run_isolated(
     # a Python of its own), unless the caller chose.
     child_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS",
                          str(memory_budget.compile_threads(memory_mb)))
+    # This machine's compiled bytecode, where its Python keeps none
+    # (farm.build.bytecode): read-only to the child.
+    for key, value in bytecode.child_env().items():
+        child_env.setdefault(key, value)
     # The child must import farm (and the target) the way this process does,
     # even when farm is not installed but only on sys.path (a source checkout).
     farm_root = str(farm_package_dir().parent)
