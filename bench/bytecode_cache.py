@@ -9,6 +9,8 @@ what a build zygote preloads (farm.build.zygote.PRELOADS["build"]):
 
   none    the prefix is an empty directory: every module compiled from source
   filled  the prefix ``farm.build.bytecode.fill`` filled (timed once, first)
+  beside  no prefix: the .pyc files of this byte-compiled installation, as
+          on a machine whose Python keeps bytecode (the bound to aim at)
 
     .venv/bin/python bench/bytecode_cache.py --rounds 3 --out FILE
 """
@@ -33,8 +35,11 @@ from farm.build.zygote import PRELOADS
 IMPORTS = "import " + ", ".join(PRELOADS["build"])
 
 
-def timed_import(prefix: Path) -> float:
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(prefix)}
+def timed_import(prefix: Path | None) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if prefix is not None:
+        env["PYTHONPYCACHEPREFIX"] = str(prefix)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", IMPORTS], env=env, check=True, timeout=600)
     return time.perf_counter() - t0
@@ -51,10 +56,11 @@ def main() -> int:
         fill = bytecode.fill(filled)
         if "error" in fill:
             raise SystemExit(f"fill failed: {fill}")
-        rows: dict[str, list[float]] = {"none": [], "filled": []}
+        rows: dict[str, list[float]] = {"none": [], "filled": [], "beside": []}
         for _ in range(args.rounds):
             rows["none"].append(timed_import(empty))
             rows["filled"].append(timed_import(filled))
+            rows["beside"].append(timed_import(None))
         size_mb = sum(f.stat().st_size for f in filled.rglob("*.pyc")) / 2**20
     lines = [
         f"# bench/bytecode_cache.py {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; "

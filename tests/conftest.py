@@ -83,6 +83,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("FARM_AOTI_CHECK_CACHE", os.path.join(d, "aoti-check.json"))
     # And the precompiled headers compile workers fill (farm.build.pch).
     os.environ.setdefault("FARM_PCH_STORE", os.path.join(d, "pch"))
+    # And compiled bytecode, where a worker's Python keeps none (farm.build.bytecode).
+    os.environ.setdefault("FARM_BYTECODE_CACHE", os.path.join(d, "pycache"))
     # Most farms a test starts build once or twice: a zygote's warm-up compile
     # (2 s of CPU each) costs them more than it saves (45 s of the suite on 2
     # cores, docs/testing.md). The farms that build many times keep the
@@ -177,14 +179,18 @@ def _inductor_compiler_unchanged() -> Iterator[None]:
         config = sys.modules.get("torch._inductor.config")
         return None if config is None else config.cpp.cxx
 
-    before = current()
+    from farm.build import toolchain
+
+    before, chosen_before = current(), toolchain.current_compiler()
     yield
     after = current()
-    # The farm's own choice for this process (farm.build.toolchain) is no
-    # leak: every later build of the process would make it too.
-    from farm.build.toolchain import current_compiler
-
-    if before is not None and after != before and after != (None, current_compiler()):
+    # The farm's first choice for this process (a test's first in-process
+    # build makes it) is no leak: every later build there would make it too.
+    # A compiler under the temp dir is a test's fake one, never a choice.
+    chosen = toolchain.current_compiler()
+    first_choice = (chosen_before is None and chosen is not None and after == (None, chosen)
+                    and not chosen.startswith(tempfile.gettempdir()))
+    if before is not None and after != before and not first_choice:
         sys.modules["torch._inductor.config"].cpp.cxx = before
         pytest.fail(f"the test left Inductor's compiler changed: {before!r} -> {after!r}; "
                     "restore torch._inductor.config.cpp.cxx when the test ends")

@@ -1,25 +1,27 @@
-"""Compiled Python bytecode for build children, where this machine's Python
-keeps none.
+"""Compiled Python bytecode for build children, where torch was installed
+without it.
 
-A Python that keeps no bytecode compiles every module's source again in
-every process. GPU images often run so (`PYTHONDONTWRITEBYTECODE=1`, and
-packages installed without their `.pyc` files): on the lent H100 host, 0 of
+A Python that finds no bytecode compiles every module's source again in
+every process. GPU images often run so (packages installed without their
+`.pyc` files, and `PYTHONDONTWRITEBYTECODE=1`): on the lent H100 host, 0 of
 torch's 2,141 modules had one, a node's first load spent 8.6 s of its
 15.7 s in `compile()`, and a build zygote's imports took 11.7 s
-(docs/benchmarks.md). Each build child started fresh (every build, where
-kernel limits are configured) pays that again.
+(docs/benchmarks.md). Build children could never write one (the Python
+installation is read-only to them), so each fresh child (every build, where
+kernel limits are configured) pays it again.
 
-So a worker compiles, once per machine, the packages its children import
-(the site directories that hold torch and Triton, and the farm's own) into a
+So a worker compiles, once per machine, the standard library and the site
+directories its children import from (and the farm's own package) into a
 directory of this machine's (``FARM_BYTECODE_CACHE``, default
 ``~/.cache/torch-farm/pycache``) with ``compileall`` under
 ``PYTHONPYCACHEPREFIX``; later runs recompile only what changed (each
 ``.pyc`` records its source's mtime and size, and Python checks them at
 import). Its children get ``PYTHONPYCACHEPREFIX`` pointing there, bound
 read-only into the sandbox: they read that bytecode and never write any (a
-planted ``.pyc`` would run in every later build). Where this Python keeps
-bytecode already (a normal install, this project's ``.venv``) nothing is
-done; ``FARM_BYTECODE_CACHE=off`` turns it off anywhere.
+planted ``.pyc`` would run in every later build, and ``compileall`` keeps
+one whose header matches its source). Where torch carries its bytecode (a
+normal install, this project's ``.venv``) nothing is done: a prefix would
+only hide those files. ``FARM_BYTECODE_CACHE=off`` turns it off anywhere.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ import logging
 import os
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from farm.build import background
 
 log = logging.getLogger(__name__)
 
@@ -44,23 +49,22 @@ PACKAGES = ("torch", "triton")
 # Once per machine it is minutes on 2 cores; on the lent 16-core host, seconds.
 FILL_TIMEOUT_S = 1800.0
 
-_lock = threading.Lock()
-_FILLING: dict[str, threading.Thread] = {}
 
 
-def keeps_none(package: str = "torch") -> bool:
-    """This Python compiles ``package``'s source at every import: it writes
-    no bytecode (``PYTHONDONTWRITEBYTECODE``), or the package's own
-    ``__init__`` has none beside it and this process may not write one."""
+def keeps_none() -> bool:
+    """Build children would compile torch's Python at every import here:
+    Inductor's ``compile_fx``, which only build children import, has no
+    ``.pyc`` beside it. Children never write one (the Python installation is
+    read-only to them), so where it is missing they compile every module,
+    whatever ``PYTHONDONTWRITEBYTECODE`` says; where it is there, a prefix
+    would only hide it."""
     if os.environ.get(CHILD_ENV):  # the operator's own prefix: theirs to fill
         return False
-    if sys.flags.dont_write_bytecode:
-        return True
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
         return False
-    cached = importlib.util.cache_from_source(spec.origin)
-    return not os.path.exists(cached) and not os.access(os.path.dirname(spec.origin), os.W_OK)
+    probe = Path(spec.origin).parent / "_inductor" / "compile_fx.py"
+    return probe.exists() and not os.path.exists(importlib.util.cache_from_source(str(probe)))
 
 
 def cache_dir() -> Path | None:
@@ -71,22 +75,26 @@ def cache_dir() -> Path | None:
     where = cache_file(SETTING, "pycache")
     if where is None or not keeps_none():
         return None
-    return where
+    return where.resolve()  # children resolve a relative one elsewhere
 
 
 def roots() -> list[Path]:
-    """The directories to compile: each site directory holding one of
-    ``PACKAGES`` (their dependencies live there too), and the farm's own
-    package where it is not in one of them (a source checkout)."""
-    out: list[Path] = []
+    """The directories to compile: the standard library and this Python's
+    site directories (with a prefix set, Python reads bytecode from it only,
+    so theirs must be there too), each site directory holding one of
+    ``PACKAGES`` (a virtual environment's), and the farm's own package where
+    it is not in one of them (a source checkout)."""
+    paths = sysconfig.get_paths()
+    out = [Path(paths[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")
+           if Path(paths[k]).is_dir()]
     for name in PACKAGES:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin:
             out.append(Path(spec.origin).resolve().parent.parent)
-    farm = Path(__file__).resolve().parent.parent
-    if not any(d in farm.parents for d in out):
-        out.append(farm)
-    return list(dict.fromkeys(out))
+    out.append(Path(__file__).resolve().parent.parent)  # the farm's package
+    # compileall recurses: a directory under another one is compiled with it
+    # (a virtual environment's site-packages under its platstdlib).
+    return [d for d in dict.fromkeys(out) if not any(o in d.parents for o in out)]
 
 
 def fill(prefix: Path, dirs: list[Path] | None = None, *,
@@ -121,18 +129,13 @@ def fill_in_background(prefix: Path | None = None) -> threading.Thread | None:
     prefix = prefix if prefix is not None else cache_dir()
     if prefix is None:
         return None
-    with _lock:
-        t = _FILLING.get(str(prefix))
-        if t is None:
-            def run() -> None:
-                out = fill(prefix)
-                level = logging.WARNING if "error" in out else logging.INFO
-                log.log(level, "Python bytecode for build children in %s: %s", prefix, out)
 
-            t = threading.Thread(target=run, name="farm-bytecode-fill", daemon=True)
-            _FILLING[str(prefix)] = t
-            t.start()
-    return t
+    def run() -> None:
+        out = fill(prefix)
+        level = logging.WARNING if "error" in out else logging.INFO
+        log.log(level, "Python bytecode for build children in %s: %s", prefix, out)
+
+    return background.once(f"bytecode:{prefix}", "farm-bytecode-fill", run)
 
 
 def child_env() -> dict[str, str]:

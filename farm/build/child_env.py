@@ -41,7 +41,8 @@ SCRUBBED_PREFIXES = ("AWS_", "S3_", "MINIO_", "AZURE_", "PG", "CELERY_")
 # reads, and the workers' knobs): it names the database, the broker, the
 # bucket and where the signing key and SQLite file live (FARM_HOME).
 # Settings the children read themselves (CHILD_SETTINGS: FARM_COORDESC) stay.
-FARM_KNOBS = frozenset({"FARM_ISA_CACHE", "FARM_AOTI_CHECK_CACHE", "FARM_PCH_STORE"})
+FARM_KNOBS = frozenset({"FARM_ISA_CACHE", "FARM_AOTI_CHECK_CACHE", "FARM_PCH_STORE",
+                        "FARM_BYTECODE_CACHE"})
 # Anything that looks like a secret by name goes too.
 SCRUBBED_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY")
 

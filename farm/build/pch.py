@@ -55,6 +55,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from farm.build import background
 from farm.core.precompiled_headers import CHILD_ENV, install
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,6 @@ log = logging.getLogger(__name__)
 STORE_ENV = "FARM_PCH_STORE"  # the worker's setting: a directory, or "off"
 _STORE_VERSION = 1
 _FILL_TIMEOUT_S = 900.0
-_lock = threading.Lock()
 
 
 def store_dir() -> Path | None:
@@ -167,7 +167,6 @@ def _own(top: Path, uid: int) -> None:
                 os.chmod(p, 0o644)
 
 
-_FILLING: dict[str, threading.Thread] = {}
 
 
 def fill_in_background(store: Path | None = None) -> threading.Thread | None:
@@ -176,18 +175,13 @@ def fill_in_background(store: Path | None = None) -> threading.Thread | None:
     store = store if store is not None else store_dir()
     if store is None:
         return None
-    with _lock:
-        t = _FILLING.get(str(store))
-        if t is None:
-            def run() -> None:
-                out = fill_store(store)
-                level = logging.WARNING if "error" in out else logging.INFO
-                log.log(level, "precompiled headers in %s: %s", store, out)
 
-            t = threading.Thread(target=run, name="farm-pch-fill", daemon=True)
-            _FILLING[str(store)] = t
-            t.start()
-    return t
+    def run() -> None:
+        out = fill_store(store)
+        level = logging.WARNING if "error" in out else logging.INFO
+        log.log(level, "precompiled headers in %s: %s", store, out)
+
+    return background.once(f"pch:{store}", "farm-pch-fill", run)
 
 
 def child_env() -> dict[str, str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 # The stages a build child reports, in the order a build runs them (the log
@@ -152,18 +152,26 @@ def split_phases(m: Mapping[str, float]) -> dict[str, float]:
 _MAX_STAGES = 32
 
 
-def from_child(reported: Any, *, wall_s: float) -> dict[str, float]:
-    """What the worker keeps of a child's stage times: known names only, each
-    a finite number of seconds in [0, ``wall_s``]; anything else is dropped.
-    Adds ``other``: the child's wall time that no kept stage covers."""
+def kept(reported: Any, names: Iterable[str], *, limit_s: float) -> dict[str, float]:
+    """What the worker keeps of seconds a sandboxed process reported: the
+    ``names`` it knows only, in their order, each a finite number of seconds
+    in [0, ``limit_s``] (what the worker measured around them)."""
     out: dict[str, float] = {}
     if isinstance(reported, Mapping):
-        for name in CHILD_STAGES:
+        for name in names:
             v = reported.get(name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
-            if math.isfinite(v) and 0.0 <= v <= wall_s + 1e-3:
+            if math.isfinite(v) and 0.0 <= v <= limit_s + 1e-3:
                 out[name] = round(float(v), 3)
+    return out
+
+
+def from_child(reported: Any, *, wall_s: float) -> dict[str, float]:
+    """What the worker keeps of a child's stage times (``kept``, over
+    ``CHILD_STAGES`` and the child's wall time), and ``other``: the child's
+    wall time that no kept stage covers."""
+    out = kept(reported, CHILD_STAGES, limit_s=wall_s)
     if len(out) > _MAX_STAGES:  # pragma: no cover - CHILD_STAGES is shorter
         out = dict(list(out.items())[:_MAX_STAGES])
     covered = sum(out.values())

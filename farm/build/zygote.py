@@ -45,7 +45,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import os
 import select
 import shutil
@@ -60,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farm.build import stage_times
 from farm.build.stage_times import describe
 from farm.build.steps import TRACE_STEP
 
@@ -539,7 +539,7 @@ def _child(req: dict[str, Any]) -> None:
         os._exit(code)
 
 
-def _warm_answers(slot: str, *, warm: bool, phases: dict[str, float]) -> None:
+def _warm_answers(slot: str, *, warm: bool) -> None:
     """Answer, once per zygote, what every compile child asks before its first
     kernel and what depends only on this zygote's key (its import-time
     environment: the compiler, ATen's capability, Inductor's ISA settings):
@@ -547,20 +547,11 @@ def _warm_answers(slot: str, *, warm: bool, phases: dict[str, float]) -> None:
     it test-compiles a program per candidate, 2-7 s of every compile child
     on 2 cores). Its probe builds go to a directory of the zygote's own,
     emptied with ``/tmp`` before the first child; a failure leaves the
-    children to ask themselves, as before.
-
-    Not where this process sees a CUDA device: there it took 33.5 of a
-    zygote's 49.6 s start (an H100 host, bench/build_cost.py), for an answer
-    that CUDA builds never ask (their kernels are Triton's, their wrapper
-    Python); a child that does compile a CPU kernel there picks for itself."""
-    import torch
-
-    if torch.cuda.is_available():
-        print("zygote: no ISA pick on a host with a CUDA device (its builds compile "
-              "Triton kernels)", file=sys.stderr, flush=True)
-        _warm_compile(slot, backend="inductor", warm=warm, phases=phases)
-        return
-    with _scratch_inductor_cache(), _timed(phases, "ISA pick"):
+    children to ask themselves, as before. On a GPU host too: CUDA builds
+    of AOTI packages ask for it (``AotCodeCompiler.compile``,
+    ``get_device_information``), there it took 33.5 of a zygote's 49.6 s
+    start on an H100 host, and each child would pay it again."""
+    with _scratch_inductor_cache(), stage_times.stage("ISA pick"):
         try:
             from torch._inductor.cpu_vec_isa import pick_vec_isa
 
@@ -568,25 +559,16 @@ def _warm_answers(slot: str, *, warm: bool, phases: dict[str, float]) -> None:
         except Exception as exc:  # the children ask again
             print(f"zygote: Inductor's ISA pick failed here ({exc}); children pick",
                   file=sys.stderr, flush=True)
-    _warm_compile(slot, backend="inductor", warm=warm, phases=phases)
+    _warm_compile(slot, backend="inductor", warm=warm)
 
 
-def _warm_compile(slot: str, *, backend: str, warm: bool, phases: dict[str, float]) -> None:
+def _warm_compile(slot: str, *, backend: str, warm: bool) -> None:
     """``warm_up_compiler`` before serving, where ``FARM_ZYGOTE_WARM_UP``
     asks for it; what the zygote wrote for itself goes with ``/tmp``."""
     if warm:
-        with _timed(phases, "warm-up compile"):
+        with stage_times.stage("warm-up compile"):
             warm_up_compiler(backend)
     _wipe("/tmp", _mount_points() | {slot})
-
-
-@contextlib.contextmanager
-def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
-    t0 = time.monotonic()
-    try:
-        yield
-    finally:
-        phases[name] = round(time.monotonic() - t0, 3)
 
 
 # What a zygote may report of its start (main), in order.
@@ -595,18 +577,10 @@ START_PHASES = ("imports", "optional imports", "precompiled headers", "ISA pick"
 
 
 def kept_phases(reported: Any, *, total_s: float) -> dict[str, float]:
-    """What the worker keeps of a zygote's account of its start: known
-    phases only, each a finite number of seconds within the start the worker
-    measured (the zygote runs no model code, but its answer is still
-    input from a sandbox)."""
-    out: dict[str, float] = {}
-    if isinstance(reported, Mapping):
-        for name in START_PHASES:
-            v = reported.get(name)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) \
-                    and math.isfinite(v) and 0.0 <= v <= total_s + 1e-3:
-                out[name] = round(float(v), 3)
-    return out
+    """What the worker keeps of a zygote's account of its start
+    (``stage_times.kept``: known phases, within the start it measured; the
+    zygote runs no model code, but its answer still comes from a sandbox)."""
+    return stage_times.kept(reported, START_PHASES, limit_s=total_s)
 
 
 def warm_up_compiler(backend: str = "inductor") -> None:
@@ -717,12 +691,12 @@ def main() -> int:
     nvml_check = "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
     if nvml_check:
         os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    phases: dict[str, float] = {}
+    stage_times.reset()  # the start's phases (START_PHASES); each child resets them too
     try:
-        with _timed(phases, "imports"):
+        with stage_times.stage("imports"):
             for name in preload:
                 importlib.import_module(name)
-        with _timed(phases, "optional imports"):
+        with stage_times.stage("optional imports"):
             for name in OPTIONAL_PRELOADS.get(which, ()):
                 with contextlib.suppress(ImportError):
                     importlib.import_module(name)
@@ -731,15 +705,15 @@ def main() -> int:
             # again, which changes nothing.
             from farm.core.precompiled_headers import install_from_env
 
-            with _timed(phases, "precompiled headers"):
+            with stage_times.stage("precompiled headers"):
                 install_from_env()
-            _warm_answers(slot, warm=warm, phases=phases)
+            _warm_answers(slot, warm=warm)
         else:
-            _warm_compile(slot, backend="eager", warm=warm, phases=phases)
+            _warm_compile(slot, backend="eager", warm=warm)
     finally:
         if nvml_check:
             os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
-    with _timed(phases, "CUDA fork check"):
+    with stage_times.stage("CUDA fork check"):
         cuda_ok = _cuda_fork_safe()
     # One Python thread: a fork copies only the calling one. (numpy's OpenBLAS
     # starts a native pool when torch imports numpy; its own pthread_atfork
@@ -747,7 +721,8 @@ def main() -> int:
     # node agent, farm.node.agent.)
     threads = threading.active_count()
     _write({"ready": threads == 1 and cuda_ok is None, "threads": threads,
-            "others": len(_others()), "cuda": cuda_ok or "fork-safe", "phases": phases})
+            "others": len(_others()), "cuda": cuda_ok or "fork-safe",
+            "phases": stage_times.snapshot()})
     if threads != 1 or cuda_ok is not None:
         return 1
     stdin = os.fdopen(0, "rb", buffering=0)

@@ -28,11 +28,37 @@ def _ask(env: dict[str, str]) -> bool:
     return r.stdout.strip() == "True"
 
 
-def test_only_a_python_that_keeps_no_bytecode_asks_for_it(tmp_path: Path) -> None:
-    assert _ask({"PYTHONDONTWRITEBYTECODE": "1"})
-    assert not _ask({})  # this project's .venv is byte-compiled (scripts/bootstrap.sh)
+def test_a_python_whose_packages_carry_their_bytecode_needs_none(tmp_path: Path) -> None:
+    # This project's .venv is byte-compiled (scripts/bootstrap.sh): its .pyc
+    # files are read whether or not the process may write any.
+    assert not _ask({})
+    assert not _ask({"PYTHONDONTWRITEBYTECODE": "1"})
+
+
+def test_torch_without_its_bytecode_asks_for_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A torch installed without .pyc files (as on the lent GPU image): its
+    # compile_fx has none beside it.
+    torch_dir = tmp_path / "site" / "torch"
+    (torch_dir / "_inductor").mkdir(parents=True)
+    (torch_dir / "__init__.py").write_text("")
+    (torch_dir / "_inductor" / "compile_fx.py").write_text("")
+
+    class Spec:
+        origin = str(torch_dir / "__init__.py")
+
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    monkeypatch.setattr(bytecode.importlib.util, "find_spec", lambda name: Spec())
+    assert bytecode.keeps_none()
     # An operator's own prefix is theirs to fill.
-    assert not _ask({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(tmp_path)})
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "theirs"))
+    assert not bytecode.keeps_none()
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX")
+    # Its bytecode beside it: nothing to do.
+    import py_compile
+
+    py_compile.compile(str(torch_dir / "_inductor" / "compile_fx.py"), doraise=True)
+    assert not bytecode.keeps_none()
 
 
 def test_a_filled_directory_is_what_a_process_that_writes_none_imports(tmp_path: Path) -> None:
@@ -64,23 +90,33 @@ def test_a_filled_directory_is_what_a_process_that_writes_none_imports(tmp_path:
 def test_children_get_the_directory_only_where_it_is_wanted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(bytecode.SETTING, str(tmp_path / "pyc"))
-    monkeypatch.setattr(bytecode, "keeps_none", lambda package="torch": True)
+    monkeypatch.setattr(bytecode, "keeps_none", lambda: True)
     assert bytecode.child_env() == {"PYTHONPYCACHEPREFIX": str(tmp_path / "pyc")}
     monkeypatch.setenv(bytecode.SETTING, "off")
     assert bytecode.child_env() == {}
     monkeypatch.setenv(bytecode.SETTING, str(tmp_path / "pyc"))
-    monkeypatch.setattr(bytecode, "keeps_none", lambda package="torch": False)
+    monkeypatch.setattr(bytecode, "keeps_none", lambda: False)
     assert bytecode.child_env() == {}
     assert bytecode.fill_in_background() is None
 
 
-def test_roots_are_torchs_site_directory_and_the_farms_package() -> None:
+def test_roots_are_the_stdlib_torchs_site_directory_and_the_farms_package() -> None:
+    import sysconfig
+
     import torch
 
     dirs = bytecode.roots()
-    assert Path(torch.__file__).resolve().parent.parent in dirs
+
+    def covered(p: Path) -> bool:
+        return any(d == p or d in p.parents for d in dirs)
+
+    assert covered(Path(torch.__file__).resolve().parent)
+    # With a prefix set, Python reads the standard library's bytecode there too.
+    assert covered(Path(sysconfig.get_paths()["stdlib"]).resolve())
     # A source checkout: its package, not the checkout (its .venv, tests...).
-    assert ROOT / "farm" in dirs and ROOT not in dirs
+    assert covered(ROOT / "farm") and ROOT not in dirs
+    # Nothing twice: compileall recurses into a root's subdirectories.
+    assert not any(a in b.parents for a in dirs for b in dirs)
 
 
 PROBE = '''
@@ -114,7 +150,7 @@ def test_a_sandboxed_child_reads_the_directory_and_cannot_plant_bytecode_in_it(
     # Writable by anyone here: only the sandbox's read-only bind stops the child.
     prefix.chmod(0o777)
     monkeypatch.setenv(bytecode.SETTING, str(prefix))
-    monkeypatch.setattr(bytecode, "keeps_none", lambda package="torch": True)
+    monkeypatch.setattr(bytecode, "keeps_none", lambda: True)
     res = run_isolated("bcplant:plant", {}, timeout_s=120, memory_mb=3000,
                        import_paths=[code], isolation=Isolation(), warm=False)
     assert res.ok, (res.error, res.stderr_tail)

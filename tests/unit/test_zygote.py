@@ -231,30 +231,6 @@ def test_no_warm_up_compile_where_a_cuda_device_is_seen(
     assert len(compiled) == 1  # a host without one compiles its sample
 
 
-def test_no_isa_pick_where_a_cuda_device_is_seen(monkeypatch: pytest.MonkeyPatch,
-                                                 tmp_path: Path) -> None:
-    """The ISA pick took 33.5 of a zygote's 49.6 s start on an H100 host, an
-    answer CUDA builds never ask for: a zygote there skips it (and a CPU
-    host's still answers it once for all its children)."""
-    import tempfile
-
-    import torch
-    from torch._inductor import cpu_vec_isa
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    picked: list[int] = []
-    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", lambda: picked.append(1))
-    wiped: list[str] = []  # never this machine's /tmp from a test
-    monkeypatch.setattr(zygote, "_wipe", lambda top, keep: wiped.append(top) or True)
-    for cuda, want in ((True, []), (False, [1])):
-        picked.clear()
-        phases: dict[str, float] = {}
-        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
-        zygote._warm_answers(str(tmp_path), warm=False, phases=phases)
-        assert picked == want and ("ISA pick" in phases) == (not cuda), phases
-    assert wiped == ["/tmp", "/tmp"]
-
-
 def test_a_zygotes_account_of_its_start_is_kept_only_within_what_the_worker_measured(
         ) -> None:
     reported = {"imports": 3.2, "ISA pick": 99.0, "CUDA fork check": float("nan"),
