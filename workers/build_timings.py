@@ -1,6 +1,6 @@
 """Where one build's seconds went, for its log and its job page.
 
-Two accounts, kept apart because only one is the worker's own:
+Accounts kept apart, because only the first is the worker's own:
 
 - ``worker``: what the compile task timed itself (fetching the code,
   prefilling the compile cache, the compile child's wall time, verifying and
@@ -9,7 +9,10 @@ Two accounts, kept apart because only one is the worker's own:
   (``farm.build.stage_times``: its start, imports, the graph check, Dynamo,
   AOTAutograd, Inductor's lowering and codegen, kernel builds, saving, the
   warm-up), as far as the worker's range checks let it through. A child can
-  misreport its own seconds; nothing the worker decides depends on them.
+  misreport its own seconds; nothing the worker decides depends on them;
+- ``zygote``: when the build's compile child was its zygote's first, the
+  zygote's own split of the worker's "build zygote start" seconds
+  (``farm.build.zygote``), kept as far as those seconds allow.
 """
 
 from __future__ import annotations
