@@ -5,8 +5,12 @@ they are there."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _started: dict[str, threading.Thread] = {}
@@ -22,3 +26,14 @@ def once(key: str, name: str, work: Callable[[], None]) -> threading.Thread:
             _started[key] = t
             t.start()
     return t
+
+
+def fill_once(key: str, name: str, fill: Callable[[], dict[str, Any]],
+              what: str) -> threading.Thread:
+    """``once``: ``fill()``, logging its outcome as ``what`` (a warning when it
+    reports an ``error``)."""
+    def work() -> None:
+        out = fill()
+        log.log(logging.WARNING if "error" in out else logging.INFO, "%s: %s", what, out)
+
+    return once(key, name, work)

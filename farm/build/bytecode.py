@@ -27,7 +27,6 @@ only hide those files. ``FARM_BYTECODE_CACHE=off`` turns it off anywhere.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import subprocess
 import sys
@@ -38,8 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from farm.build import background
-
-log = logging.getLogger(__name__)
 
 SETTING = "FARM_BYTECODE_CACHE"
 # What a child reads it from: the interpreter's own setting.
@@ -130,12 +127,8 @@ def fill_in_background(prefix: Path | None = None) -> threading.Thread | None:
     if prefix is None:
         return None
 
-    def run() -> None:
-        out = fill(prefix)
-        level = logging.WARNING if "error" in out else logging.INFO
-        log.log(level, "Python bytecode for build children in %s: %s", prefix, out)
-
-    return background.once(f"bytecode:{prefix}", "farm-bytecode-fill", run)
+    return background.fill_once(f"bytecode:{prefix}", "farm-bytecode-fill",
+                                lambda: fill(prefix), f"bytecode for build children in {prefix}")
 
 
 def child_env() -> dict[str, str]:

@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import sys
 import tempfile
@@ -57,8 +56,6 @@ from typing import Any
 
 from farm.build import background
 from farm.core.precompiled_headers import CHILD_ENV, install
-
-log = logging.getLogger(__name__)
 
 STORE_ENV = "FARM_PCH_STORE"  # the worker's setting: a directory, or "off"
 _STORE_VERSION = 1
@@ -176,12 +173,8 @@ def fill_in_background(store: Path | None = None) -> threading.Thread | None:
     if store is None:
         return None
 
-    def run() -> None:
-        out = fill_store(store)
-        level = logging.WARNING if "error" in out else logging.INFO
-        log.log(level, "precompiled headers in %s: %s", store, out)
-
-    return background.once(f"pch:{store}", "farm-pch-fill", run)
+    return background.fill_once(f"pch:{store}", "farm-pch-fill", lambda: fill_store(store),
+                                f"precompiled headers in {store}")
 
 
 def child_env() -> dict[str, str]:
