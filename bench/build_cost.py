@@ -158,6 +158,9 @@ def main() -> None:
                f"from {pch.store_dir()} ({filled.get('skipped') or filled.get('error') or 'filled'}"
                f" in {time.perf_counter() - t0:.1f} s, once per machine and toolchain)")
 
+    from farm.build import bytecode
+
+    bytecode_state = bytecode.fill_now()
     target = str(detect_local_target(args.device))
     options = dict(o.split("=", 1) for o in args.option)
     base: dict[str, Any] = {"layers": args.layers, "width": args.width, "batch": args.batch,
@@ -188,6 +191,7 @@ def main() -> None:
         "# build s: the compile child's wall time; torch s: torch.compile's part of it; "
         f"precompiled headers {headers}; load average "
         f"{os.getloadavg()[0]:.1f} at the start",
+        f"# bytecode for build children: {bytecode_state}",
         f"# children: {'new interpreters (--fresh)' if args.fresh else 'forked from a warm zygote'}"
         f"; graph check {'on' if args.graph_check else 'off'}",
         f"{'case':<32} {'build s':>8} {'vs cold':>8} {'torch s':>8} {'vs cold':>8} "

@@ -226,6 +226,9 @@ def main() -> None:
     say("precompiled headers: " + ("off" if args.no_header_store else
         f"from {pch.store_dir()} ({filled.get('skipped') or filled.get('error') or 'filled'} in "
         f"{time.perf_counter() - t0:.1f} s, once per machine and toolchain, before the builds)"))
+    from farm.build import bytecode
+
+    say("bytecode for build children: " + bytecode.fill_now())
     if not have_transformers() and not args.zoo:
         say("NOTE: transformers is not installed here: the model is farm.zoo.llama instead")
     header = (f"{'kind':10}{'mode':10}{'compile s':>11}{'ratio':>8}{'dynamo s':>10}"

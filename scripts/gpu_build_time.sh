@@ -6,7 +6,9 @@
 # bench/compile_time.py (a 16-layer Llama, full graph against regional,
 # inference and training) and bench/build_cost.py (a cold build against the
 # rebuilds the shared compile cache serves: identical layers, distinct
-# layers, regional), one after another so that no two time each other.
+# layers, regional) and bench/isa_checks.py (Inductor's ISA pick with and
+# without the worker's recorded test compiles), one after another so that
+# no two time each other.
 # Each step has its own time limit and writes its table as it ends, so a
 # call cut short still brings back what finished.
 #
@@ -57,6 +59,12 @@ for c in ${BUILD_COST-full distinct regional}; do
     regional) run_cost regional "${REGIONAL_S:-100}" --option regional=true;;
   esac
 done
-for f in "$OUT"/cuda_train_load.txt "$OUT"/compile_time-cuda.txt "$OUT"/build_cost-cuda-*.txt; do
+if [ "${ISA_CHECKS_S:-150}" != 0 ]; then   # ISA_CHECKS_S=0: not this time
+  stamp "isa_checks"
+  timeout "${ISA_CHECKS_S:-150}" python3 bench/isa_checks.py --rounds "${ISA_CHECKS_ROUNDS:-1}" \
+    --out "$OUT/isa_checks.txt" >"$OUT/isa_checks.log" 2>&1
+  stamp "isa_checks rc=$?"
+fi
+for f in "$OUT"/isa_checks.txt "$OUT"/cuda_train_load.txt "$OUT"/compile_time-cuda.txt "$OUT"/build_cost-cuda-*.txt; do
   [ -f "$f" ] && { echo "== $f"; cat "$f"; }
 done

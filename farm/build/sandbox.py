@@ -79,6 +79,7 @@ from farm.build.isolation import (
 )
 from farm.build.watchdog import Watch
 from farm.build.watchdog import watch as watch_child
+from farm.core import isa_checks
 from farm.core.digests import sha256_file
 
 log = logging.getLogger(__name__)
@@ -682,6 +683,10 @@ def child_main(argv: list[str]) -> int:
         payload = json.loads((tmp / _PAYLOAD).read_text())
         with stage_times.stage(stage_times.IMPORTS):
             fn = resolve_target(target)
+            if os.environ.get(isa_checks.ISA_CHECKS_ENV):
+                # Before anything compiles: Inductor's ISA test compiles,
+                # answered from the worker's record (farm.core.isa_checks).
+                isa_checks.replay_from_env()
         value = fn(payload)
         try:
             text = json.dumps({"ok": True, "value": value, "started_at": started_at,

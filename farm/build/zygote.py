@@ -62,6 +62,7 @@ from typing import Any
 from farm.build import stage_times
 from farm.build.stage_times import describe
 from farm.build.steps import TRACE_STEP
+from farm.core import isa_checks
 
 log = logging.getLogger(__name__)
 
@@ -555,6 +556,9 @@ def _warm_answers(slot: str, *, warm: bool) -> None:
         try:
             from torch._inductor.cpu_vec_isa import pick_vec_isa
 
+            # The test compiles this machine's worker recorded are answered
+            # from its record; only others compile (farm.core.isa_checks).
+            isa_checks.replay_from_env()
             pick_vec_isa()
         except Exception as exc:  # the children ask again
             print(f"zygote: Inductor's ISA pick failed here ({exc}); children pick",

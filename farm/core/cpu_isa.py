@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from farm.core import isa_checks
+
 
 def detect_cpu_isa(*, check_compiler: bool = True) -> str:
     """The vector ISA that Inductor bakes into CPU code on this machine.
@@ -180,7 +182,13 @@ def isa_check_env() -> dict[str, str]:
     fresh /tmp, no home): so this process makes the checked pick itself, once
     per machine, when the cache does not hold it yet.
     """
-    return {VEC_ISA_OK_ENV: "1"} if _agrees_with_flags(_checked_pick(make_if_missing=True)) else {}
+    env = {VEC_ISA_OK_ENV: "1"} if _agrees_with_flags(_checked_pick(make_if_missing=True)) else {}
+    # What VEC_ISA_OK leaves (the extension checks: BF16, VNNI, AMX), or all
+    # of them where the flags disagree: answered from this machine's record.
+    answers = recorded_checks()
+    if answers:
+        env[isa_checks.ISA_CHECKS_ENV] = isa_checks.encode(answers)
+    return env
 
 
 def skip_redundant_isa_checks() -> bool:
@@ -194,6 +202,9 @@ def skip_redundant_isa_checks() -> bool:
     if known is None:
         _checked_pick(make_if_missing=True)  # for the node's next process
         return False
+    # The extension checks that vec_isa_ok leaves (or all of them, where the
+    # flags disagree), answered from this machine's record.
+    isa_checks.replay(recorded_checks())
     if not _agrees_with_flags(known):
         return False
     from torch._inductor import config
@@ -207,7 +218,9 @@ def skip_redundant_isa_checks() -> bool:
 # --------------------------------------------------------------------------- #
 
 ISA_CACHE_ENV = "FARM_ISA_CACHE"
-_ISA_CACHE_VERSION = 1  # bump when the key or the naming in _pick_inductor_isa changes
+# Bump when the key or the naming in _pick_inductor_isa changes. 2: picks are
+# made again once, recording their test compiles (farm.core.isa_checks).
+_ISA_CACHE_VERSION = 2
 _ISA_CACHE_MAX_ENTRIES = 16
 # What an entry may hold: torch's names ("avx512 avx512_vnni amx_tile"), ours
 # ("sve256") or "" (no compiler). Anything else in the file is ignored.
@@ -242,7 +255,10 @@ def _cached_inductor_isa() -> str:
     cached = entries.get(key)
     if cached is not None:
         return cached
-    isa = _pick_inductor_isa()
+    # Every test compile of the pick is recorded, so that children and later
+    # processes answer them without compiling (farm.core.isa_checks).
+    with isa_checks.recording() as answers:
+        isa = _pick_inductor_isa()
     # An empty pick is kept only when no compiler was found: then it cannot
     # change until one is installed, which changes the key. With a compiler it
     # may be a passing failure (full disk, lock timeout) and is not pinned.
@@ -251,8 +267,41 @@ def _cached_inductor_isa() -> str:
         entries[key] = isa
         while len(entries) > _ISA_CACHE_MAX_ENTRIES:
             del entries[next(iter(entries))]
+        # The answers first: a process that finds the pick finds them too.
+        _store_checks(path, key, answers)
         write_cache_file(path, entries)
     return isa
+
+
+def _checks_path(path: Path) -> Path:
+    """Where the recorded test compiles of the picks in ``path`` are kept:
+    beside it (``cpu-isa.checks.json``)."""
+    return path.with_suffix(".checks.json")
+
+
+def _store_checks(path: Path, key: str, answers: Mapping[str, bool]) -> None:
+    checks_path = _checks_path(path)
+    entries = {k: v for k, v in read_json_object(checks_path).items()
+               if isinstance(k, str) and isinstance(v, str) and isa_checks.decode(v)}
+    entries.pop(key, None)
+    entries[key] = isa_checks.encode(answers)
+    while len(entries) > _ISA_CACHE_MAX_ENTRIES:
+        del entries[next(iter(entries))]
+    write_cache_file(checks_path, entries)
+
+
+def recorded_checks() -> dict[str, bool]:
+    """The answers of Inductor's ISA test compiles recorded on this machine
+    under the current key (``farm.core.isa_checks``); empty when none are."""
+    path = _isa_cache_path()
+    if path is None:
+        return {}
+    try:
+        key, _ = _isa_cache_key()
+    except Exception:  # pragma: no cover - defensive, as in _cached_inductor_isa
+        return {}
+    value = read_json_object(_checks_path(path)).get(key)
+    return isa_checks.decode(value) if isinstance(value, str) else {}
 
 
 def _isa_cache_path() -> Path | None:
