@@ -10,9 +10,10 @@ Accounts kept apart, because only the first is the worker's own:
   AOTAutograd, Inductor's lowering and codegen, kernel builds, saving, the
   warm-up), as far as the worker's range checks let it through. A child can
   misreport its own seconds; nothing the worker decides depends on them;
-- ``zygote``: when the build's compile child was its zygote's first, the
-  zygote's own split of the worker's "build zygote start" seconds
-  (``farm.build.zygote``), kept as far as those seconds allow.
+- ``zygote``: when the build's compile child (or, failing that, its
+  verification child) was its zygote's first, the zygote's own split of the
+  worker's "build zygote start" seconds (``farm.build.zygote``), kept as far
+  as those seconds allow.
 """
 
 from __future__ import annotations
@@ -63,6 +64,21 @@ class BuildTimings:
         self.add(COMPILE_CHILD, wall_s)
         self.child = dict(stages)
         self.warm = warm
+
+    def zygote_started_during(self, stage: str, zygote_start: dict[str, float]) -> None:
+        """A worker stage (a verification) whose child waited for its own
+        zygote's start (``SandboxResult.zygote_start``; a CPU AOTI package's
+        verifier has a zygote of its own, with no compiler on its path):
+        those seconds move from ``stage`` to "build zygote start", and the
+        zygote's split is kept when no earlier start's is."""
+        start = dict(zygote_start)
+        total = min(max(0.0, start.pop("total", 0.0)), self.worker.get(stage, 0.0))
+        if not total:
+            return
+        self.worker[stage] = round(self.worker[stage] - total, 3)
+        self.add(ZYGOTE_START, total)
+        if not self.zygote:
+            self.zygote = start
 
     def to_json(self) -> dict[str, Any]:
         return {"worker": self.worker, "child": self.child, "warm": self.warm,

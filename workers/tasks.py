@@ -319,6 +319,7 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
         _stage(db, build_key, f"verifying {art.format}")
         # Verification runs the model's code too (its factory and forward):
         # the same limits as the compile, not the verifier's generous defaults.
+        waited: dict[str, float] = {}
         with clock.stage(f"verify {art.format}"):
             report = verify_artifact(
                 spec,
@@ -333,7 +334,9 @@ def _verify_and_store(build_key: str, target: Target, spec: JobSpec, fingerprint
                 # manifest, as a node will (a fake-weight build has no guards
                 # on them); it, not the compile child, holds the real weights.
                 weights_manifest=art.meta.get("weights_manifest"),
+                zygote_start=waited,
             )
+        clock.zygote_started_during(f"verify {art.format}", waited)
         logs.append(f"verify {art.format}: {report.summary()}")
         if not report.ok:
             # One format failing (say an AOTI package) must not throw away

@@ -242,8 +242,14 @@ def verify_artifact(
     import_paths: Sequence[str | Path] = (),
     isolation: Isolation | None = None,
     weights_manifest: Sequence[Mapping[str, Any]] | None = None,
+    zygote_start: dict[str, float] | None = None,
 ) -> VerifyReport:
     """Verify in a fresh sandboxed process; never raises for the artifact's faults.
+
+    ``zygote_start``: filled with ``SandboxResult.zygote_start`` when the
+    verification child waited for its zygote's start (the worker's own
+    measure, not the child's report), so the build's timings can tell it
+    from the verification itself.
 
     ``weights_manifest`` (the artifact's ``meta["weights_manifest"]``): the
     child checks its real module against it before loading, as a node does
@@ -281,6 +287,8 @@ def verify_artifact(
         )
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+    if zygote_start is not None:
+        zygote_start.update(res.zygote_start)
     if res.ok:
         return checked_report(res.value, spec=spec, format=format, device=device)
     detail = res.describe()
