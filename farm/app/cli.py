@@ -212,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
         arg("--regional", action="store_true",
             help="regional compilation: each repeated block (a transformer layer) is compiled "
                  "once as a nested compile region and stamped for every layer (recorded on the "
-                 "artifact and in its build key)"),
+                 "artifact and in its build key); it pays for deep models and training steps, "
+                 "and can make a small model's GPU inference calls slower"),
         arg("--weights", choices=WEIGHT_MODES, default="auto",
             help="how the build makes the weights: empty (to_empty on the build device), fake "
                  "(FakeTensors: no memory for them, the node checks its module against the "

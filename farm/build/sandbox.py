@@ -376,6 +376,8 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
                  else watch_child(child, timeout_s=timeout_s, memory_mb=memory_mb))
         if watch.timed_out or watch.oom:
             z.dirty = True  # the sandbox goes with the child it could not stop
+        else:
+            z.settle()  # its helpers' grace and the wipe, after the child's time
         res = _finish(io_dir, child.returncode, watch, time.monotonic() - t0,
                       timeout_s=timeout_s, memory_mb=memory_mb, bwrap_status=False,
                       asked_at=asked)

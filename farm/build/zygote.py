@@ -323,15 +323,25 @@ class Zygote:
             return
         if line is None:
             return
-        end = json.loads(line)
-        status = int(end["status"])
+        status = int(json.loads(line)["status"])
         child.returncode = (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
                             else os.WEXITSTATUS(status))
-        if end.get("leftovers") or not end.get("clean", False):
+
+    def settle(self) -> None:
+        """After a child's end: the zygote's word on its sandbox (what
+        outlived the child, whether it could clean up), which it sends once
+        its helpers' grace and the wipe are over. Anything but a clean
+        sandbox, or no word in time, and it serves no other child."""
+        try:
+            line = self._line(_LEFTOVER_GRACE_S + _REPLY_TIMEOUT_S)
+            end = json.loads(line) if line is not None else {}
+        except (ZygoteFailed, OSError, ValueError):
+            end = {}
+        if end.get("leftovers") or end.get("clean") is not True:
             # A process outlived the child, or the zygote could not clean up:
             # this sandbox serves no other child.
-            log.warning("build sandbox: %s left after the child; starting a new zygote",
-                        end.get("leftovers") or "files")
+            log.warning("build sandbox: %s after the child; starting a new zygote",
+                        f"{end['leftovers']} left" if end.get("leftovers") else "not clean")
             self.dirty = True
 
     def fork(self, request: Mapping[str, Any]) -> _Child:
@@ -747,10 +757,14 @@ def main() -> int:
             _child(req)
         _write({"pid": pid})
         _, status = os.waitpid(pid, 0)
+        # The child's end at once, its sandbox's state after: the grace for
+        # its helpers and the wipe are not the child's time (a child ending
+        # just inside its limit must not be timed out by them).
+        _write({"status": status})
         left = _others_after_grace()
         keep = _mount_points() | {slot}
         clean = _wipe("/tmp", keep) and _wipe("/dev/shm", keep)
-        _write({"status": status, "leftovers": len(left), "clean": clean and not left})
+        _write({"leftovers": len(left), "clean": clean and not left})
 
 
 if __name__ == "__main__":

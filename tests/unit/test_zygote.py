@@ -59,6 +59,18 @@ def helper(p):
     import subprocess
     return subprocess.Popen(["sleep", "600"]).pid
 
+def late_daemon(p):
+    # Ends just inside its time limit, leaving a daemon that goes by itself
+    # within the zygote's grace for leftovers (farm.build.zygote).
+    time.sleep(p["sleep_s"])
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(p["linger_s"])
+        os._exit(0)
+    os.wait()
+    return os.getpid()
+
 def hang(p):
     time.sleep(600)
 
@@ -146,6 +158,20 @@ def test_a_childs_own_helper_processes_end_with_it_and_the_zygote_serves_on(
     (z,) = zygote.ZYGOTES._by_key.values()
     assert not z.dirty
     pid = z.host_pid
+    assert run(probe, "look").ok and zygote_pid() == pid
+
+
+def test_the_zygotes_grace_for_leftovers_is_not_the_childs_time(probe: Path) -> None:
+    """A child that ends 1 s inside its limit, leaving a daemon that is gone
+    1.8 s later (inside the zygote's 2 s grace): its end counts when it
+    ended, not after the grace, and the zygote serves on."""
+    assert run(probe, "plant").ok  # the zygote's start is not the child's time either
+    pid = zygote_pid()
+    limit = 8.0
+    res = run_isolated("zprobe:late_daemon", {"sleep_s": limit - 1.0, "linger_s": 1.8},
+                       timeout_s=limit, memory_mb=3000, import_paths=[probe],
+                       isolation=Isolation())
+    assert res.ok and res.warm, (res.error, res.stderr_tail)
     assert run(probe, "look").ok and zygote_pid() == pid
 
 
