@@ -688,7 +688,10 @@ def child_main(argv: list[str]) -> int:
             if os.environ.get(isa_checks.ISA_CHECKS_ENV):
                 # Before anything compiles: Inductor's ISA test compiles,
                 # answered from the worker's record (farm.core.isa_checks).
+                # Read and dropped, as every farm setting: model code never
+                # sees one.
                 isa_checks.replay_from_env()
+            os.environ.pop(isa_checks.ISA_CHECKS_ENV, None)
         value = fn(payload)
         try:
             text = json.dumps({"ok": True, "value": value, "started_at": started_at,
