@@ -87,7 +87,8 @@ def main() -> int:
         "# bench/isa_checks.py: Inductor's ISA pick in a fresh process, alternating rows",
         f"# {platform.node()} {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs, torch {__import__('torch').__version__}, compiler {real}",
-        f"# the worker's checked pick: {worker['isa']!r}, {worker_s:.1f} s once per machine; "
+        f"# the worker's checked pick: {worker['isa']!r}; its process (start, imports, the pick) "
+        f"took {worker_s:.1f} s, once per machine; "
         f"it hands children {sorted(child_env)}",
         f"# recorded checks: {len(decode(child_env.get(ISA_CHECKS_ENV)))}",
         "row       median_s  runs_s                      compiler_runs  pick",

@@ -10,10 +10,10 @@ Accounts kept apart, because only the first is the worker's own:
   AOTAutograd, Inductor's lowering and codegen, kernel builds, saving, the
   warm-up), as far as the worker's range checks let it through. A child can
   misreport its own seconds; nothing the worker decides depends on them;
-- ``zygote``: when the build's compile child (or, failing that, its
-  verification child) was its zygote's first, the zygote's own split of the
-  worker's "build zygote start" seconds (``farm.build.zygote``), kept as far
-  as those seconds allow.
+- ``zygote``: when the build's compile child or its verification child was
+  its zygote's first, the zygotes' own split of the worker's "build zygote
+  start" seconds (``farm.build.zygote``; both added up where both waited),
+  kept as far as those seconds allow.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class BuildTimings:
         start = dict(zygote_start or {})
         if "total" in start:
             self.add(ZYGOTE_START, start.pop("total"))
-            self.zygote = start
+            self._add_zygote_split(start)
         self.add(COMPILE_CHILD, wall_s)
         self.child = dict(stages)
         self.warm = warm
@@ -70,15 +70,18 @@ class BuildTimings:
         zygote's start (``SandboxResult.zygote_start``; a CPU AOTI package's
         verifier has a zygote of its own, with no compiler on its path):
         those seconds move from ``stage`` to "build zygote start", and the
-        zygote's split is kept when no earlier start's is."""
+        zygote's split is added to any earlier start's."""
         start = dict(zygote_start)
         total = min(max(0.0, start.pop("total", 0.0)), self.worker.get(stage, 0.0))
         if not total:
             return
         self.worker[stage] = round(self.worker[stage] - total, 3)
         self.add(ZYGOTE_START, total)
-        if not self.zygote:
-            self.zygote = start
+        self._add_zygote_split(start)
+
+    def _add_zygote_split(self, phases: dict[str, float]) -> None:
+        for name, seconds in phases.items():
+            self.zygote[name] = round(self.zygote.get(name, 0.0) + seconds, 3)
 
     def to_json(self) -> dict[str, Any]:
         return {"worker": self.worker, "child": self.child, "warm": self.warm,

@@ -135,13 +135,16 @@ def fill_now() -> str:
     """What a compile worker starts at its start (``fill_in_background``),
     done before returning, for a benchmark whose builds must not time it;
     says what happened."""
+    if not keeps_none():
+        return "kept beside the sources (this Python keeps bytecode)"
     prefix = cache_dir()
     if prefix is None:
-        return "kept beside the sources (this Python keeps bytecode)"
+        return f"none ({SETTING}=off): children compile every module from source"
     t0 = time.monotonic()
     out = fill(prefix)
-    state = out.get("error") or "filled"
-    return f"compiled into {prefix} ({state} in {time.monotonic() - t0:.1f} s, once per machine)"
+    state = out.get("error") or "filled or checked"
+    return (f"compiled into {prefix} ({state} in {time.monotonic() - t0:.1f} s, before the "
+            "builds; a worker does it in the background at its start)")
 
 
 def child_env() -> dict[str, str]:

@@ -374,11 +374,12 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
                         "env": env, "cwd": work, "paths": copies})
         watch = (Watch() if child.returncode is not None
                  else watch_child(child, timeout_s=timeout_s, memory_mb=memory_mb))
+        wall_s = time.monotonic() - t0
         if watch.timed_out or watch.oom:
             z.dirty = True  # the sandbox goes with the child it could not stop
         else:
             z.settle()  # its helpers' grace and the wipe, after the child's time
-        res = _finish(io_dir, child.returncode, watch, time.monotonic() - t0,
+        res = _finish(io_dir, child.returncode, watch, wall_s,
                       timeout_s=timeout_s, memory_mb=memory_mb, bwrap_status=False,
                       asked_at=asked)
         res.limits = _limits(None, memory_mb, dataclasses.replace(isolation, uid=z.uid))
@@ -394,7 +395,14 @@ def _run_in_zygote(target: str, payload: Mapping[str, Any], *, timeout_s: float,
         log.warning("build zygote failed (%s): the child starts fresh", exc)
         z.dirty = True
         return None
+    except BaseException:
+        # Interrupted (a task's time limit, a signal) with a child perhaps
+        # still running: this sandbox serves nobody again.
+        z.dirty = True
+        raise
     finally:
+        if z.dirty:
+            z.stop()  # now, not at the next take: nothing more forks from it
         zygote.ZYGOTES.release()
         shutil.rmtree(run, ignore_errors=True)
 

@@ -101,7 +101,8 @@ def preload_for(target: str) -> str:
 # compiler-free directory), and a child must find its own PATH's entries.
 # ATen's capability: a build zygote answers Inductor's ISA pick before it
 # serves (_warm_answers), and the pick folds it in.
-_IMPORT_TIME_EXTRA = ("CC", "CXX", "CPP", "PATH", "ATEN_CPU_CAPABILITY")
+# FARM_ISA_CHECKS: the zygote answers Inductor's ISA pick with it at its start.
+_IMPORT_TIME_EXTRA = ("CC", "CXX", "CPP", "PATH", "ATEN_CPU_CAPABILITY", "FARM_ISA_CHECKS")
 _START_TIMEOUT_S = 300.0
 _REPLY_TIMEOUT_S = 30.0
 _MAX_ZYGOTES = 3

@@ -185,9 +185,9 @@ def isa_check_env() -> dict[str, str]:
     env = {VEC_ISA_OK_ENV: "1"} if _agrees_with_flags(_checked_pick(make_if_missing=True)) else {}
     # What VEC_ISA_OK leaves (the extension checks: BF16, VNNI, AMX), or all
     # of them where the flags disagree: answered from this machine's record.
-    answers = recorded_checks()
-    if answers:
-        env[isa_checks.ISA_CHECKS_ENV] = isa_checks.encode(answers)
+    value = isa_checks.for_child(recorded_checks())
+    if value:
+        env[isa_checks.ISA_CHECKS_ENV] = value
     return env
 
 
@@ -204,7 +204,7 @@ def skip_redundant_isa_checks() -> bool:
         return False
     # The extension checks that vec_isa_ok leaves (or all of them, where the
     # flags disagree), answered from this machine's record.
-    isa_checks.replay(recorded_checks())
+    isa_checks.replay({k: v for k, v in recorded_checks().items() if v})
     if not _agrees_with_flags(known):
         return False
     from torch._inductor import config

@@ -6,7 +6,7 @@ program per candidate and loading it in a fresh Python process
 base check; the extension checks (AVX512-BF16, VNNI, AMX, AMX-FP16) still
 run, in every process that compiles or loads CPU kernels:
 
-- on the 2-core AVX512 machine, 3 checks and 1.5 s per process;
+- on the 2-core AVX512 machine, 4 compiler runs and 1.5-2.2 s per process;
 - on an H100 host (AMX; torch 2.11, whose load probe imports torch, in an
   image without bytecode), 33.5 s of a build zygote's 49.6 s start.
 
@@ -18,6 +18,13 @@ a compile worker hands them to its build and verification children in
 ``FARM_ISA_CHECKS``, and a child (or a node loading CPU kernels) answers each
 recorded check from there (``replay``). A check that was not recorded still
 compiles, so a different torch asking something new gets a real answer.
+
+Only passed checks are replayed. A failed one may have failed by chance (a
+full disk, the load probe's 60 s timeout on a loaded machine), and pinning
+it would give every later build a narrower ISA with no sign of why; it
+compiles again in each process, as without this module. The answers travel
+with a tag of the torch and the compiler they were made with, and a process
+with another ignores them.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import contextlib
 import hashlib
 import os
 import re
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -45,8 +53,26 @@ def check_id(isa: Any, code: str) -> str:
 
 
 def encode(answers: Mapping[str, bool]) -> str:
-    """``id:1,id:0,...``, sorted, for an environment variable."""
+    """``id:1,id:0,...``, sorted, for the per-machine record."""
     return ",".join(f"{k}:{int(bool(v))}" for k, v in sorted(answers.items()))
+
+
+def toolchain_tag() -> str:
+    """The torch and the compiler (``cpu_isa.cxx_identity``: path, mtime and
+    size) that answers were made with, in 12 hex digits: no subprocess."""
+    import torch
+
+    from farm.core.cpu_isa import cxx_identity
+
+    text = f"{torch.__version__}\0{cxx_identity()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def for_child(answers: Mapping[str, bool]) -> str:
+    """The value of ``FARM_ISA_CHECKS`` for a child: this process's
+    toolchain tag and the passed checks ("" when none passed)."""
+    passed = {k: True for k, v in answers.items() if v}
+    return f"{toolchain_tag()};{encode(passed)}" if passed else ""
 
 
 def decode(text: str | None) -> dict[str, bool]:
@@ -74,29 +100,28 @@ def _vec_isa_module() -> Any:
     return cpu_vec_isa if hasattr(getattr(cpu_vec_isa, "VecISA", None), "check_build") else None
 
 
-def _clear_pick_caches(module: Any) -> None:
-    """Forget the answers this process already holds (``functools.cache`` on
-    ``valid_vec_isa_list`` and on each ISA's ``__bool__``), so that a
-    recording sees every check the pick makes."""
-    for value in vars(module).values():
-        if getattr(value, "__module__", None) != module.__name__:
-            continue  # imported from elsewhere: not the pick's to clear
-        if hasattr(value, "cache_clear"):
-            value.cache_clear()
-        elif isinstance(value, type):
-            for attr in vars(value).values():
-                if hasattr(attr, "cache_clear"):
-                    attr.cache_clear()
+def _already_picked(module: Any) -> bool:
+    """This process holds Inductor's pick already (``valid_vec_isa_list`` is
+    cached): a pick now asks no check, so there is nothing to record."""
+    info = getattr(getattr(module, "valid_vec_isa_list", None), "cache_info", None)
+    return info is not None and info().currsize > 0
+
+
+_RECORDING = threading.Lock()
 
 
 @contextlib.contextmanager
 def recording() -> Iterator[dict[str, bool]]:
-    """Within the block, every check Inductor's ISA pick makes is run for
-    real and its answer recorded in the yielded dict. The process's cached
-    pick is cleared first, so the record is complete."""
+    """Within the block, every check Inductor's ISA pick makes, run for real,
+    is recorded in the yielded dict. Nothing is recorded (the dict stays
+    empty) in a process that already holds a pick, or that answers checks
+    from a record: its pick is not made of real checks. Its caches are never
+    cleared, so a process's pick is the one it had."""
     answers: dict[str, bool] = {}
     module = _vec_isa_module()
-    if module is None:
+    if (module is None or _already_picked(module)
+            or hasattr(module.VecISA.check_build, "farm_answers")
+            or not _RECORDING.acquire(blocking=False)):
         yield answers
         return
     cls = module.VecISA
@@ -107,12 +132,12 @@ def recording() -> Iterator[dict[str, bool]]:
         answers[check_id(self, code)] = ok
         return ok
 
-    _clear_pick_caches(module)
     cls.check_build = check_build
     try:
         yield answers
     finally:
         cls.check_build = original
+        _RECORDING.release()
 
 
 def replay(answers: Mapping[str, bool]) -> bool:
@@ -142,5 +167,10 @@ def replay(answers: Mapping[str, bool]) -> bool:
 
 
 def replay_from_env(environ: Mapping[str, str] = os.environ) -> bool:
-    """``replay`` what the parent passed in ``FARM_ISA_CHECKS``."""
-    return replay(decode(environ.get(ISA_CHECKS_ENV)))
+    """``replay`` what the parent passed in ``FARM_ISA_CHECKS``
+    (``for_child``), when it was made with this process's torch and
+    compiler."""
+    tag, sep, text = (environ.get(ISA_CHECKS_ENV) or "").partition(";")
+    if not sep or tag != toolchain_tag():
+        return False
+    return replay({k: v for k, v in decode(text).items() if v})

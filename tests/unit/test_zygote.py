@@ -163,12 +163,12 @@ def test_a_childs_own_helper_processes_end_with_it_and_the_zygote_serves_on(
 
 def test_the_zygotes_grace_for_leftovers_is_not_the_childs_time(probe: Path) -> None:
     """A child that ends 1 s inside its limit, leaving a daemon that is gone
-    1.8 s later (inside the zygote's 2 s grace): its end counts when it
+    1.4 s later (inside the zygote's 2 s grace): its end counts when it
     ended, not after the grace, and the zygote serves on."""
     assert run(probe, "plant").ok  # the zygote's start is not the child's time either
     pid = zygote_pid()
     limit = 8.0
-    res = run_isolated("zprobe:late_daemon", {"sleep_s": limit - 1.0, "linger_s": 1.8},
+    res = run_isolated("zprobe:late_daemon", {"sleep_s": limit - 1.0, "linger_s": 1.4},
                        timeout_s=limit, memory_mb=3000, import_paths=[probe],
                        isolation=Isolation())
     assert res.ok and res.warm, (res.error, res.stderr_tail)
