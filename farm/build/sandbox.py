@@ -693,12 +693,11 @@ def child_main(argv: list[str]) -> int:
         payload = json.loads((tmp / _PAYLOAD).read_text())
         with stage_times.stage(stage_times.IMPORTS):
             fn = resolve_target(target)
-            if os.environ.get(isa_checks.ISA_CHECKS_ENV):
-                # Before anything compiles: Inductor's ISA test compiles,
-                # answered from the worker's record (farm.core.isa_checks).
-                # Read and dropped, as every farm setting: model code never
-                # sees one.
-                isa_checks.replay_from_env()
+            # Before anything compiles: Inductor's ISA test compiles, answered
+            # from the worker's record (farm.core.isa_checks; nothing is
+            # imported without one). Read and dropped, as every farm setting:
+            # model code never sees one.
+            isa_checks.replay_from_env()
             os.environ.pop(isa_checks.ISA_CHECKS_ENV, None)
         value = fn(payload)
         try:

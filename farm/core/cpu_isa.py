@@ -161,13 +161,10 @@ def _checked_pick(*, make_if_missing: bool) -> str | None:
     TORCHINDUCTOR_VEC_ISA_OK, or there is no cache file to keep it."""
     if platform.machine() not in ("x86_64", "AMD64") or os.environ.get(VEC_ISA_OK_ENV) is not None:
         return None
-    path = _isa_cache_path()
-    if path is None:
+    slot = _cache_slot()
+    if slot is None:
         return None
-    try:
-        key, _ = _isa_cache_key()
-    except Exception:  # pragma: no cover - defensive, as in _cached_inductor_isa
-        return None
+    path, key = slot
     checked = read_cache_file(path).get(key)
     if checked is None and make_if_missing:
         checked = _cached_inductor_isa()
@@ -204,7 +201,7 @@ def skip_redundant_isa_checks() -> bool:
         return False
     # The extension checks that vec_isa_ok leaves (or all of them, where the
     # flags disagree), answered from this machine's record.
-    isa_checks.replay({k: v for k, v in recorded_checks().items() if v})
+    isa_checks.replay(recorded_checks())
     if not _agrees_with_flags(known):
         return False
     from torch._inductor import config
@@ -263,10 +260,7 @@ def _cached_inductor_isa() -> str:
     # change until one is installed, which changes the key. With a compiler it
     # may be a passing failure (full disk, lock timeout) and is not pinned.
     if isa or compiler == "none":
-        entries.pop(key, None)
-        entries[key] = isa
-        while len(entries) > _ISA_CACHE_MAX_ENTRIES:
-            del entries[next(iter(entries))]
+        _put_bounded(entries, key, isa)
         # The answers first: a process that finds the pick finds them too.
         _store_checks(path, key, answers)
         write_cache_file(path, entries)
@@ -283,23 +277,39 @@ def _store_checks(path: Path, key: str, answers: Mapping[str, bool]) -> None:
     checks_path = _checks_path(path)
     entries = {k: v for k, v in read_json_object(checks_path).items()
                if isinstance(k, str) and isinstance(v, str) and isa_checks.decode(v)}
+    _put_bounded(entries, key, isa_checks.encode(answers))
+    write_cache_file(checks_path, entries)
+
+
+def _put_bounded(entries: dict[str, str], key: str, value: str) -> None:
+    """``entries[key] = value`` as the newest entry, the oldest dropped
+    beyond ``_ISA_CACHE_MAX_ENTRIES``."""
     entries.pop(key, None)
-    entries[key] = isa_checks.encode(answers)
+    entries[key] = value
     while len(entries) > _ISA_CACHE_MAX_ENTRIES:
         del entries[next(iter(entries))]
-    write_cache_file(checks_path, entries)
+
+
+def _cache_slot() -> tuple[Path, str] | None:
+    """The cache file and this process's key in it; None when there is no
+    file to keep (``off``) or no key to be built."""
+    path = _isa_cache_path()
+    if path is None:
+        return None
+    try:
+        key, _ = _isa_cache_key()
+    except Exception:  # pragma: no cover - defensive, as in _cached_inductor_isa
+        return None
+    return path, key
 
 
 def recorded_checks() -> dict[str, bool]:
     """The answers of Inductor's ISA test compiles recorded on this machine
     under the current key (``farm.core.isa_checks``); empty when none are."""
-    path = _isa_cache_path()
-    if path is None:
+    slot = _cache_slot()
+    if slot is None:
         return {}
-    try:
-        key, _ = _isa_cache_key()
-    except Exception:  # pragma: no cover - defensive, as in _cached_inductor_isa
-        return {}
+    path, key = slot
     value = read_json_object(_checks_path(path)).get(key)
     return isa_checks.decode(value) if isinstance(value, str) else {}
 

@@ -71,8 +71,13 @@ def toolchain_tag() -> str:
 def for_child(answers: Mapping[str, bool]) -> str:
     """The value of ``FARM_ISA_CHECKS`` for a child: this process's
     toolchain tag and the passed checks ("" when none passed)."""
-    passed = {k: True for k, v in answers.items() if v}
+    passed = _passed(answers)
     return f"{toolchain_tag()};{encode(passed)}" if passed else ""
+
+
+def _passed(answers: Mapping[str, bool]) -> dict[str, bool]:
+    """The checks that passed: the only ones ever handed on or replayed."""
+    return {k: True for k, v in answers.items() if v}
 
 
 def decode(text: str | None) -> dict[str, bool]:
@@ -141,9 +146,11 @@ def recording() -> Iterator[dict[str, bool]]:
 
 
 def replay(answers: Mapping[str, bool]) -> bool:
-    """From now on in this process, answer each recorded check without
-    compiling; others compile as before. Returns whether anything was
-    installed (no answers, or no Inductor: nothing)."""
+    """From now on in this process, answer each recorded check that passed
+    without compiling; failed ones and others compile as before (module
+    docstring). Returns whether anything was installed (no passed checks,
+    or no Inductor: nothing)."""
+    answers = _passed(answers)
     if not answers:
         return False
     module = _vec_isa_module()
@@ -173,4 +180,4 @@ def replay_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     tag, sep, text = (environ.get(ISA_CHECKS_ENV) or "").partition(";")
     if not sep or tag != toolchain_tag():
         return False
-    return replay({k: v for k, v in decode(text).items() if v})
+    return replay(decode(text))

@@ -129,6 +129,7 @@ def test_a_failed_check_is_never_handed_on() -> None:
     value = isa_checks.for_child({"0123456789abcdef": True, "fedcba9876543210": False})
     assert value.endswith(";0123456789abcdef:1")
     assert isa_checks.for_child({"fedcba9876543210": False}) == ""
+    assert not isa_checks.replay({"fedcba9876543210": False})  # nothing to install
 
 
 def test_a_node_answers_the_recorded_checks_from_the_machines_cache(tmp_path: Path) -> None:
