@@ -39,8 +39,10 @@ if [ "${TRAIN_LOAD_S:-150}" != 0 ]; then   # TRAIN_LOAD_S=0: not this time
 fi
 if [ "${COMPILE_TIME_S:-190}" != 0 ]; then   # COMPILE_TIME_S=0: not this time
   stamp "compile_time"
+  # COMPILE_TIME_ARGS: more options, e.g. "--kinds inference --modes regional,per_block".
+  # shellcheck disable=SC2086
   timeout "${COMPILE_TIME_S:-190}" python3 bench/compile_time.py --device cuda \
-    --out "$OUT/compile_time-cuda.txt" >"$OUT/compile_time-cuda.log" 2>&1
+    ${COMPILE_TIME_ARGS:-} --out "$OUT/compile_time-cuda.txt" >"$OUT/compile_time-cuda.log" 2>&1
   stamp "compile_time rc=$?"
 fi
 run_cost() {   # NAME LIMIT_S [build_cost.py options]
@@ -57,6 +59,7 @@ for c in ${BUILD_COST-full distinct regional}; do
     full) run_cost full "${FULL_S:-110}";;
     distinct) run_cost distinct "${DISTINCT_S:-100}" --distinct;;
     regional) run_cost regional "${REGIONAL_S:-100}" --option regional=true;;
+    per-block) run_cost per-block "${PER_BLOCK_S:-100}" --distinct --option per_block=true;;
   esac
 done
 if [ "${ISA_CHECKS_S:-150}" != 0 ]; then   # ISA_CHECKS_S=0: not this time

@@ -214,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
                  "once as a nested compile region and stamped for every layer (recorded on the "
                  "artifact and in its build key); it pays for deep models and training steps, "
                  "and can make a small model's GPU inference calls slower"),
+        arg("--per-block", action="store_true",
+            help="per-block compilation: each block of the model's layer list is compiled on "
+                 "its own and reused for every layer that compiles to the same program and by "
+                 "later builds of the project, so a new version with one layer changed "
+                 "compiles that layer; the rest of the model runs eagerly (aot_compile only)"),
         arg("--weights", choices=WEIGHT_MODES, default="auto",
             help="how the build makes the weights: empty (to_empty on the build device), fake "
                  "(FakeTensors: no memory for them, the node checks its module against the "

@@ -119,7 +119,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
             options=CompileOptions(mode=args.mode, backend=args.backend,
                                    guard_filter=args.guard_filter,
                                    disable_guard_check=args.disable_guard_check,
-                                   regional=args.regional, weights=args.weights),
+                                   regional=args.regional,
+                                   per_block=getattr(args, "per_block", False),
+                                   weights=args.weights),
             targets=tuple(str(_resolve_target(t)) if t.startswith("auto") else t
                           for t in args.targets),
             project=getattr(args, "project", None),

@@ -165,6 +165,8 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         # torch.compile feature, so a regional job's package is not regional.
         **({"regional": "not applied: an AOTI package is compiled from torch.export's "
             "whole graph"} if spec.options.regional else {}),
+        **({"per_block": "not applied: an AOTI package is one program of the whole model"}
+           if spec.options.per_block else {}),
         # Set only where the farm narrows max-autotune's GEMM choices (CPU).
         **({"gemm_backends": gemm_backends} if gemm_backends else {}),
         "calling_convention": farm_meta["calling_convention"],

@@ -430,11 +430,16 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
 
     cache_root = Path(cache_dir())
     tune = device.type == "cuda" and not fake
+    per_block: dict[str, Any] = {}
     with grad_context(spec.grad_mode), _regional(spec, model) as regions:
         try:
             with (native_phase("tracing and lowering the model (torch aot_compile)"),
                   stage_times.torch_phases(), stable_graph_id(), aot_cache_outcome() as cache):
-                compiled_fn = aot((args, kwargs))
+                if spec.options.per_block:
+                    compiled_fn, per_block = _compile_per_block(
+                        spec, model, args, kwargs, options, device, cache_root)
+                else:
+                    compiled_fn = aot((args, kwargs))
         except Exception as exc:
             if not fake:
                 raise
@@ -444,10 +449,14 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
             cls = ModelDoesNotFit if weights.does_not_fit else CompileError
             raise cls(describe_failure(weights, exc)) from exc
         trace_compile_s = time.perf_counter() - t0
-        imported = _module_globals_as_imports(compiled_fn)
+        imported = per_block.pop("module_imports", None)
+        if imported is None:
+            imported = _module_globals_as_imports(compiled_fn)
         external = external_objects(spec.model, model)
         with stage_times.stage(stage_times.SAVE):
-            if external:
+            if per_block:
+                path.write_bytes(per_block.pop("payload"))
+            elif external:
                 # Saved as references by name; the node passes its own at load.
                 compiled_fn.save_compiled_function(str(path), external_data=external)
             else:
@@ -518,6 +527,9 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
         # regional: the block classes compiled once each as nested compile
         # regions, with their instance counts.
         **({"regional": {"blocks": regions}} if spec.options.regional else {}),
+        # per_block: how many blocks, how many functions serve them, and how
+        # many of those this build compiled or found in the compile cache.
+        **({"per_block": per_block} if per_block else {}),
         # Modules the artifact imports at load in place of Dynamo's by-id globals.
         **({"module_imports": imported} if imported else {}),
         # Names the node must pass as external_data at load (empty: none).
@@ -544,6 +556,60 @@ def _regional(spec: JobSpec, model: Any) -> Iterator[dict[str, int]]:
             yield blocks
     except RegionsUnavailable as exc:
         raise CompileError(str(exc)) from None
+
+
+def _compile_per_block(spec: JobSpec, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       options: dict[str, Any], device: torch.device, cache_root: Path
+                       ) -> tuple[Any, dict[str, Any]]:
+    """A ``per_block`` build (farm.build.blocks): each layer-list block an
+    ``aot_compile`` function of its own, from this build, an earlier block
+    of it, or the compile cache. Returns the function that runs the model
+    (its blocks patched) and the meta, with the payload to save."""
+    import io
+
+    from farm.build.blocks import (
+        CACHE_SUBDIR,
+        BlocksUnavailable,
+        call_block,
+        capture_calls,
+        compile_blocks,
+    )
+    from farm.node.blocks import BlockwiseModel, pack
+
+    if not isinstance(model, nn.Module):
+        raise CompileError("per-block compilation is for an nn.Module's blocks; a free "
+                           "function has none (build it without per_block)")
+    if spec.model.external_data:
+        raise CompileError("per_block does not take external_data yet: build it without "
+                           "per_block")
+    if any(getattr(s, "dynamic_dims", ()) for s in spec.inputs):
+        raise CompileError("per_block compiles each block for the inputs' exact shapes; this "
+                           "job has dynamic dimensions: build it without per_block")
+
+    def compile_one(block: nn.Module, b_args: tuple[Any, ...], b_kwargs: dict[str, Any]) -> Any:
+        compiled = torch.compile(call_block, fullgraph=True, backend=spec.options.backend,
+                                 options=options)
+        fn = compiled.aot_compile(((block, *b_args), b_kwargs))
+        _module_globals_as_imports(fn)
+        return fn
+
+    def load_one(data: bytes) -> Any:
+        return torch.compiler.load_compiled_function(io.BytesIO(data))
+
+    try:
+        calls = capture_calls(model, lambda: model(*args[1:], **kwargs))
+    except BlocksUnavailable as exc:
+        raise CompileError(str(exc)) from None
+    context = {"torch": torch.__version__, "device": device.type,
+               "grad_mode": spec.grad_mode.value, "options": spec.options.canonical(),
+               "compile_options": repr(sorted((k, repr(v)) for k, v in options.items()
+                                              if k != "guard_filter_fn"))}
+    made = compile_blocks(model, calls, compile_one, load_one, context=context,
+                          cache=cache_root / CACHE_SUBDIR)
+    log.info("per-block: %s", made.summary())
+    runner = BlockwiseModel(model, {n: made.functions[i] for n, i in made.assignment.items()})
+    meta: dict[str, Any] = {**made.summary(), "payload": pack(made.saved, made.assignment)}
+    return runner, meta
 
 
 def warm_up(compiled_fn: Callable[..., Any], args: Sequence[Any], grad_mode: GradMode, *,

@@ -37,23 +37,36 @@ MIN_REGION_REPEATS = 2
 def repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of every block to make a region: a composite child of a
     ModuleList or Sequential whose class repeats, outermost only."""
-    candidates: list[tuple[str, nn.Module]] = []
-    counts: Counter[type] = Counter()
+    candidates = _list_children(model)
+    counts = Counter(type(child) for _, child in candidates)
+    return _outermost([(n, c) for n, c in candidates if counts[type(c)] >= MIN_REGION_REPEATS])
+
+
+def layer_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every composite child of a ModuleList or Sequential,
+    repeated or not, outermost only: the blocks a per-block build compiles
+    each on its own (farm.build.blocks)."""
+    return _outermost(_list_children(model))
+
+
+def _list_children(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    out: list[tuple[str, nn.Module]] = []
     for name, container in model.named_modules():
         if not isinstance(container, (nn.ModuleList, nn.Sequential)):
             continue
         for child_name, child in container.named_children():
             if _regionable(child):
-                candidates.append((f"{name}.{child_name}" if name else child_name, child))
-                counts[type(child)] += 1
+                out.append((f"{name}.{child_name}" if name else child_name, child))
+    return out
+
+
+def _outermost(candidates: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
     chosen: list[tuple[str, nn.Module]] = []
     for name, child in candidates:
         # A block nested in a chosen block stays plain: regions inside regions
         # buy nothing once the outer one is reused.
-        if counts[type(child)] < MIN_REGION_REPEATS or any(
-                name.startswith(c + ".") for c, _ in chosen):
-            continue
-        chosen.append((name, child))
+        if not any(name.startswith(c + ".") for c, _ in chosen):
+            chosen.append((name, child))
     return chosen
 
 

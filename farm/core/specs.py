@@ -46,8 +46,8 @@ COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs")
 # debugging a build; only inductor has modes, and only it gives AOTI packages.
 BACKENDS = ("inductor", "eager", "aot_eager")
 GUARD_FILTERS = ("drop-unserializable", "keep-all")
-OPTION_NAMES = ("mode", "backend", "guard_filter", "disable_guard_check", "regional", "parallel",
-                "weights")
+OPTION_NAMES = ("mode", "backend", "guard_filter", "disable_guard_check", "regional", "per_block",
+                "parallel", "weights")
 # How a build makes the model's weights (farm.build.fake_weights): "empty"
 # (to_empty on the target: real Parameters, uninitialised memory), "fake"
 # (FakeTensors: no memory at all), "auto" (empty where they fit, fake for a
@@ -180,6 +180,10 @@ class CompileOptions:
     # is a torch.compiler.nested_compile_region, compiled once and stamped
     # for every layer, in the same one aot_compile artifact.
     regional: bool = False
+    # Per-block compilation (farm.build.blocks): each block of the model's
+    # layer list is an aot_compile function of its own, reused across the
+    # layers and across builds; the rest of the model runs eagerly.
+    per_block: bool = False
     # A tensor-parallel build (ParallelLayout); None: a single-process model.
     parallel: ParallelLayout | None = None
     # WEIGHT_MODES: how the build makes the weights; "auto" unless a job asks.
@@ -207,8 +211,12 @@ class CompileOptions:
         if not isinstance(self.disable_guard_check, bool):
             raise SpecError(f"disable_guard_check must be true or false, "
                             f"got {self.disable_guard_check!r}")
-        if not isinstance(self.regional, bool):
-            raise SpecError(f"regional must be true or false, got {self.regional!r}")
+        for name in ("regional", "per_block"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.regional and self.per_block:
+            raise SpecError("regional and per_block are two ways to compile a model's blocks; "
+                            "ask for one of them")
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -220,6 +228,9 @@ class CompileOptions:
         if self.regional:
             # Only when set, as above.
             data["regional"] = True
+        if self.per_block:
+            # Only when set, as above.
+            data["per_block"] = True
         if self.parallel is not None:
             # Only when set, as above: the layout is in the build key.
             data["parallel"] = self.parallel.to_json()
@@ -234,25 +245,26 @@ class CompileOptions:
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> CompileOptions:
         data = dict(data or {})
-        regional = data.pop("regional", False)
-        if isinstance(regional, str) and regional.lower() in ("true", "false"):
-            regional = regional.lower() == "true"
-        if not isinstance(regional, bool):
-            raise SpecError(f"regional must be true or false, got {regional!r}")
         unknown = set(data) - set(OPTION_NAMES)
         if unknown:
             raise SpecError(f"unknown compile options: {', '.join(sorted(unknown))}; "
                             f"known: {', '.join(OPTION_NAMES)}")
-        dgc = data.pop("disable_guard_check", False)
-        if isinstance(dgc, str) and dgc.lower() in ("true", "false"):
-            dgc = dgc.lower() == "true"
-        if not isinstance(dgc, bool):
-            raise SpecError(f"disable_guard_check must be true or false, got {dgc!r}")
+        flags = {name: _flag(name, data.pop(name, False))
+                 for name in ("regional", "per_block", "disable_guard_check")}
         raw_parallel = data.pop("parallel", None)
         parallel = None if raw_parallel is None else ParallelLayout.from_json(raw_parallel)
-        return cls(**{k: str(v) for k, v in data.items()}, regional=regional,
-                   disable_guard_check=dgc,
-                   parallel=parallel)
+        text = {k: str(v) for k, v in data.items()}
+        return cls(**text, regional=flags["regional"], per_block=flags["per_block"],
+                   disable_guard_check=flags["disable_guard_check"], parallel=parallel)
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A true/false option, as JSON or as the CLI's ``--option name=true`` text."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"
+    if not isinstance(value, bool):
+        raise SpecError(f"{name} must be true or false, got {value!r}")
+    return value
 
 
 def unasked_options(options: CompileOptions, device: str) -> list[str]:
@@ -267,7 +279,7 @@ def unasked_options(options: CompileOptions, device: str) -> list[str]:
     - ``mode=max-autotune`` on CUDA: CUDA graphs, whose outputs the next
       call overwrites (a caller that keeps an output sees it change).
 
-    The other options (backend, guard filter, regional, fake weights, the
+    The other options (backend, guard filter, regional, per-block, fake weights, the
     no-cudagraphs mode) compute the same function; they are only preferred
     after the default (registry.resolver)."""
     out = []

@@ -34,7 +34,7 @@ from typing import Any
 
 from farm.core.cpu_isa import aten_capability
 from farm.core.torch_compat import enable_aot_compile
-from farm.node import bundle
+from farm.node import blocks, bundle
 
 log = logging.getLogger(__name__)
 
@@ -234,21 +234,36 @@ def _load_aot_compile(path: Path, module: Any, *, disable_guard_check: bool = Fa
         kw["external_data"] = dict(external_data)
     with fh:
         data = fh.read()
-    try:
-        fn = torch.compiler.load_compiled_function(io.BytesIO(data), **kw)
-    except RuntimeError as exc:
-        if "TracingContext.get() must be called within an ongoing trace" not in str(exc):
-            raise
-        # torch 2.13: the saved guards of a nested compile region (a regional
-        # transformers build) hold an ImportSource, whose unpickling installs
-        # an ID_MATCH guard into the current trace, and at load there is none.
-        # The guard checks the loaded function runs are rebuilt from the saved
-        # guard state itself; the one installed here goes into a throwaway
-        # context.
-        from torch._guards import TracingContext, tracing
 
-        with tracing(TracingContext(None)):
-            fn = torch.compiler.load_compiled_function(io.BytesIO(data), **kw)
+    def load_one(buf: io.BytesIO) -> Any:
+        try:
+            return torch.compiler.load_compiled_function(buf, **kw)
+        except RuntimeError as exc:
+            if "TracingContext.get() must be called within an ongoing trace" not in str(exc):
+                raise
+            # torch 2.13: the saved guards of a nested compile region (a regional
+            # transformers build) hold an ImportSource, whose unpickling installs
+            # an ID_MATCH guard into the current trace, and at load there is none.
+            # The guard checks the loaded function runs are rebuilt from the saved
+            # guard state itself; the one installed here goes into a throwaway
+            # context.
+            from torch._guards import TracingContext, tracing
+
+            buf.seek(0)
+            with tracing(TracingContext(None)):
+                return torch.compiler.load_compiled_function(buf, **kw)
+
+    fn: Any
+    if blocks.is_blocks(data):
+        if not isinstance(module, torch.nn.Module):
+            raise ArtifactLoadError("a per-block artifact runs an nn.Module's blocks: pass the "
+                                    "model as module=")
+        try:
+            fn = blocks.load(data, module, load_one)
+        except blocks.BlocksFormatError as exc:
+            raise ArtifactLoadError(str(exc)) from exc
+    else:
+        fn = load_one(io.BytesIO(data))
     if disable_guard_check:
         off = getattr(fn, "disable_guard_check", None)
         if off is None:

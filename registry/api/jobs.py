@@ -72,6 +72,8 @@ class JobSpecIn(BaseModel):
         description="compile options: mode, backend (inductor, eager, aot_eager), "
                     "guard_filter, disable_guard_check (true/false), regional (true/false: "
                     "repeated blocks compiled once as nested compile regions), "
+                    "per_block (true/false: each layer-list block compiled on its own, "
+                    "reused across layers and builds), "
                     "weights (auto, empty, "
                     "fake: a build without memory for the weights), parallel (a "
                     "tensor-parallel layout: world_size, mesh_shape, mesh_dim_names, "

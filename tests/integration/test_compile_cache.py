@@ -34,14 +34,15 @@ SPEC = JobSpec.from_json({
     "inputs": ["float32[2,16]"]})
 
 
-def build(store: RedisCacheStore, ns: str, tmp: Path) -> tuple[CacheSession, Any]:
+def build(store: RedisCacheStore, ns: str, tmp: Path,
+          spec: JobSpec = SPEC) -> tuple[CacheSession, Any]:
     """One compile the way workers.tasks._compile_and_store runs it."""
     tmp.mkdir()
     cache = CacheSession(store, ns, tmp)
     cache.prefill()
     res = run_isolated(
         "farm.build.steps:compile_step",
-        {"spec": SPEC.to_json(), "device": "cpu", "out_dir": str(tmp / "out"),
+        {"spec": spec.to_json(), "device": "cpu", "out_dir": str(tmp / "out"),
          "aoti_unavailable": "not under test"},
         timeout_s=scaled(600), memory_mb=6000, env_extra=compile_env(tmp),
         isolation=build_isolation(writable=(str(tmp),), mode="auto"))
@@ -139,6 +140,44 @@ def test_a_poisoned_entry_is_stopped_by_the_fresh_process_verification(
                                  timeout_s=scaled(600), memory_mb=6000)
         assert not report.ok
         assert "max abs error" in (report.error or ""), report.error
+
+
+def per_block_spec(version: str, changed: int) -> JobSpec:
+    return JobSpec.from_json({
+        "name": "cache-blocks", "version": version,
+        "model": {"entrypoint": "farm.zoo.stack:stack",
+                  "kwargs": {"layers": 4, "width": 8, "distinct": True, "changed": changed}},
+        "inputs": ["float32[2,8]"], "options": {"per_block": True}})
+
+
+def test_a_per_block_rebuild_compiles_only_the_changed_layer(
+        store: RedisCacheStore, build_tmp: Path) -> None:
+    """A per_block build stores each block's function in the project's
+    shared cache; the next version, with one of four distinct layers
+    changed, gets the other three from it and compiles one. Both artifacts
+    pass the fresh-process verification against eager, whose cache is empty:
+    the kernels of the blocks that came from the cache ship inside the
+    artifact."""
+    prefix = f"farm:ccache:test-{uuid.uuid4().hex[:8]}"
+    ns = namespace("cpu/blocks", "0", prefix=prefix)
+    first, second = per_block_spec("1", -1), per_block_spec("2", 2)
+    cold, res = build(store, ns, build_tmp / "v1", first)
+    assert res.ok, res.error
+    (art,) = res.value["artifacts"]
+    assert art["meta"]["per_block"]["compiled"] == 4, art["meta"]
+    cold.harvest()
+    stored = {n for n in store.names(ns) if "/farm-blocks/" in n}
+    assert len(stored) == 8, sorted(stored)  # each block under its exact and its shape key
+
+    _, res = build(store, ns, build_tmp / "v2", second)
+    assert res.ok, res.error
+    (art2,) = res.value["artifacts"]
+    assert {k: art2["meta"]["per_block"][k] for k in ("blocks", "compiled", "from_cache")} == {
+        "blocks": 4, "compiled": 1, "from_cache": 3}, art2["meta"]
+    for spec, a in ((first, art), (second, art2)):
+        report = verify_artifact(spec, a["path"], a["format"], device="cpu",
+                                 timeout_s=scaled(600), memory_mb=6000)
+        assert report.ok, report
 
 
 def _poison_aot_entry(data: bytes) -> bytes:

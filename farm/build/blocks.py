@@ -1,0 +1,328 @@
+"""Per-block compilation: each block of a model's layer list compiled on its
+own, and blocks compiled by earlier builds reused without tracing them again.
+
+A ``per_block: true`` build (``farm.build.compile.compile_aot``) runs the
+model once eagerly to see what each block (a composite child of an
+``nn.ModuleList``/``nn.Sequential``: a transformer layer) is called with,
+then, for each block in order:
+
+1. its **keys**: hashes of what the block's program depends on that can
+   be read without tracing it. The *shape key*: the toolchain and compile
+   options, its module tree (classes, parameter and buffer shapes and
+   dtypes), the source files of its classes, and what it is called with
+   (shapes, dtypes, strides, constants). The *exact key* adds the blocks'
+   plain attributes (an activation's name, but also a layer's own index,
+   which most forwards never read);
+2. a function compiled earlier in this build, or found in the build's
+   compile cache (``<inductor cache>/farm-blocks/<key>``, which the worker
+   fills from and harvests into the project's shared cache,
+   ``farm.build.compile_cache``), under the exact key first and then the
+   shape key, serves the block if its **guards** accept the block and its
+   inputs: Dynamo's own check of "the same program", which reads every
+   attribute the forward used;
+3. otherwise the block is compiled (``aot_compile`` of
+   ``farm.node.blocks.call_block``) and its function stored under both
+   keys.
+
+So a build's compile time follows the blocks that differ from every block
+compiled before it, not the number of layers: a model whose 16 layers are
+one class compiles one block; a new version with one layer changed
+compiles that layer. What the key leaves out (a helper in another file,
+global state) the guards check, and every artifact is still verified
+against eager in a fresh process (``farm.build.verify``).
+
+The key is a lookup, not a proof: a stored function from a sandboxed
+child is as trusted as the Inductor cache entries beside it (the
+project's own builds wrote them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from farm.build.regions import layer_blocks
+from farm.node.blocks import call_block
+
+log = logging.getLogger(__name__)
+
+CACHE_SUBDIR = "farm-blocks"
+# A stored function larger than this is not read back (the shared cache
+# refuses entries above 64 MiB anyway).
+_MAX_STORED = 64 * 1024**2
+
+
+class BlocksUnavailable(RuntimeError):
+    """A per-block build that cannot be one; the message says why."""
+
+
+@dataclass
+class BlockBuild:
+    """What ``compile_blocks`` made: the functions (loaded, and their saved
+    bytes), which serves each block, and where each came from."""
+
+    functions: list[Any] = field(default_factory=list)
+    saved: list[bytes] = field(default_factory=list)
+    assignment: dict[str, int] = field(default_factory=dict)
+    compiled: int = 0
+    from_cache: int = 0
+    # Blocks served by a function this build compiled or loaded for another block.
+    shared: int = 0
+    # Keyed candidates whose guards refused the block (then compiled anew).
+    refused: int = 0
+
+    def summary(self) -> dict[str, int]:
+        return {"blocks": len(self.assignment), "functions": len(self.functions),
+                "compiled": self.compiled, "from_cache": self.from_cache,
+                "shared": self.shared, "guard_refusals": self.refused}
+
+
+def capture_calls(model: nn.Module, run: Callable[[], Any]
+                  ) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
+    """(args, kwargs) each layer-list block of ``model`` is called with while
+    ``run()`` runs it; each must be called exactly once."""
+    blocks = layer_blocks(model)
+    if len(blocks) < 2:
+        raise BlocksUnavailable(
+            "per-block compilation needs a model whose forward runs a list of blocks (an "
+            "nn.ModuleList or nn.Sequential of modules with children of their own, at least "
+            "2); this model has none: build it without per_block")
+    calls: dict[str, list[tuple[tuple[Any, ...], dict[str, Any]]]] = {n: [] for n, _ in blocks}
+
+    def hook_for(name: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            calls[name].append((_detached(args), _detached(kwargs)))
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(n), with_kwargs=True) for n, m in blocks]
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    for name, seen in calls.items():
+        if len(seen) != 1:
+            raise BlocksUnavailable(
+                f"block {name!r} ran {len(seen)} times in one forward; per-block compilation "
+                "compiles one call of each block: build it without per_block")
+    return {n: seen[0] for n, seen in calls.items()}
+
+
+def _detached(value: Any) -> Any:
+    # The inputs as the block saw them, without the autograd graph of the
+    # run that produced them (a training build's inputs still require grad).
+    def one(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            return t.detach().requires_grad_(t.requires_grad)
+        return t
+
+    return torch.utils._pytree.tree_map(one, value)
+
+
+def block_key(block: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+              context: Mapping[str, Any], *, sources: dict[str, str] | None = None,
+              attributes: bool = True) -> str:
+    """The lookup key of ``block`` called with ``args``/``kwargs`` under
+    ``context`` (toolchain, options, grad mode): the exact key, or without
+    ``attributes`` the shape key. ``sources`` caches file digests across
+    blocks."""
+    sources = {} if sources is None else sources
+    leaves, spec = torch.utils._pytree.tree_flatten((args, dict(kwargs)))
+    material = {
+        "context": {k: str(v) for k, v in sorted(context.items())},
+        "modules": [_describe_module(name, m, sources, attributes=attributes)
+                    for name, m in block.named_modules()],
+        "inputs": [_describe(v) for v in leaves],
+        "input_structure": str(spec),
+    }
+    kind = "exact" if attributes else "shape"
+    return f"{kind[0]}{hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()}"
+
+
+_MODULE_INTERNALS = frozenset({"training"})
+
+
+def _describe_module(name: str, m: nn.Module, sources: dict[str, str], *,
+                     attributes: bool) -> dict[str, Any]:
+    cls = type(m)
+    return {
+        "name": name,
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "training": m.training,
+        "sources": [_source_digest(c, sources) for c in cls.__mro__
+                    if c not in (nn.Module, object)],
+        "tensors": [[n, _describe(t)] for n, t in (*m.named_parameters(recurse=False),
+                                                   *m.named_buffers(recurse=False))],
+        "attributes": {k: _describe(v) for k, v in sorted(vars(m).items())
+                       if not k.startswith("_") and k not in _MODULE_INTERNALS}
+        if attributes else {},
+    }
+
+
+def _source_digest(cls: type, sources: dict[str, str]) -> str:
+    # torch's own classes change only with torch, whose version is in the
+    # context; a user's class by its whole file (a helper beside it counts).
+    module = cls.__module__
+    if module == "torch" or module.startswith("torch."):
+        return module
+    try:
+        path = inspect.getsourcefile(cls) or ""
+    except TypeError:
+        path = ""
+    if not path:
+        return f"{module}.{cls.__qualname__}:no-source"
+    if path not in sources:
+        try:
+            sources[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError:
+            sources[path] = "unreadable"
+    return f"{module}:{sources[path]}"
+
+
+def _describe(v: Any) -> Any:
+    """A JSON-able description of a value, as far as it decides a program."""
+    if isinstance(v, torch.Tensor):
+        return {"tensor": [list(v.shape), list(v.stride()), str(v.dtype), v.device.type,
+                           v.requires_grad, isinstance(v, nn.Parameter)]}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return [type(v).__name__, repr(v)]
+    if isinstance(v, (torch.dtype, torch.device, torch.Size)):
+        return [type(v).__name__, str(v)]
+    if isinstance(v, (list, tuple)):
+        return [type(v).__name__, [_describe(x) for x in v]]
+    if isinstance(v, dict):
+        return ["dict", [[str(k), _describe(x)] for k, x in v.items()]]
+    code = getattr(v, "__code__", None)
+    if code is not None:
+        return ["function", getattr(v, "__qualname__", ""),
+                hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()]
+    # Anything else by its type; the guards check what Dynamo read of it.
+    cls = type(v)
+    return ["object", f"{cls.__module__}.{cls.__qualname__}"]
+
+
+def compile_blocks(model: nn.Module, calls: Mapping[str, tuple[tuple[Any, ...], dict[str, Any]]],
+                   compile_one: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any],
+                   load_one: Callable[[bytes], Any], *, context: Mapping[str, Any],
+                   cache: Path | None) -> BlockBuild:
+    """Compile or reuse a function for each block in ``calls`` (name ->
+    (args, kwargs)), in order. ``compile_one(block, args, kwargs)`` returns
+    an ``aot_compile`` function of ``call_block``; ``load_one(bytes)`` loads
+    a stored one. ``cache``: the directory of stored functions (None: none)."""
+    out = BlockBuild()
+    by_key: dict[str, list[int]] = {}
+    sources: dict[str, str] = {}
+    modules = dict(model.named_modules())
+    for name, (args, kwargs) in calls.items():
+        block = modules[name]
+        keys = [block_key(block, args, kwargs, context, sources=sources, attributes=a)
+                for a in (True, False)]
+        index = _first_accepting(out, _candidates(by_key, keys), block, args, kwargs)
+        if index is not None:
+            out.shared += 1
+        else:
+            for key in keys:
+                index = _from_cache(out, cache, key, load_one, block, args, kwargs)
+                if index is not None:
+                    break
+        if index is None:
+            fn = compile_one(block, args, kwargs)
+            data = _saved_bytes(fn)
+            index = _add(out, fn, data)
+            out.compiled += 1
+            if cache is not None:
+                for key in keys:
+                    _store(cache / key, data)
+        for key in keys:
+            if index not in by_key.setdefault(key, []):
+                by_key[key].append(index)
+        out.assignment[name] = index
+    return out
+
+
+def _candidates(by_key: Mapping[str, list[int]], keys: list[str]) -> list[int]:
+    seen: list[int] = []
+    for key in keys:
+        seen += [i for i in by_key.get(key, ()) if i not in seen]
+    return seen
+
+
+def _first_accepting(out: BlockBuild, candidates: list[int], block: nn.Module,
+                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    for i in candidates:
+        if _accepts(out.functions[i], block, args, kwargs):
+            return i
+        out.refused += 1
+    return None
+
+
+def _from_cache(out: BlockBuild, cache: Path | None, key: str, load_one: Callable[[bytes], Any],
+                block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    if cache is None:
+        return None
+    path = cache / key
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_STORED:
+            return None
+        data = path.read_bytes()
+        if data in out.saved:  # loaded already, for another block
+            known = out.saved.index(data)
+            return known if _accepts(out.functions[known], block, args, kwargs) else None
+        fn = load_one(data)
+    except Exception as exc:  # a stale or foreign entry: compile instead
+        log.info("stored block function %s not usable (%s); compiling", key[:12], exc)
+        return None
+    if not _accepts(fn, block, args, kwargs):
+        out.refused += 1
+        return None
+    out.from_cache += 1
+    return _add(out, fn, data)
+
+
+def _accepts(fn: Any, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if not hasattr(fn, "guard_check"):
+        log.warning("torch %s's aot_compile functions have no guard_check: each block is "
+                    "compiled on its own, none reused", torch.__version__)
+        return False
+    try:
+        return bool(fn.guard_check(block, *args, **kwargs))
+    except Exception as exc:
+        log.info("guard check of a block function failed to run: %s", exc)
+        return False
+
+
+def _add(out: BlockBuild, fn: Any, data: bytes) -> int:
+    out.functions.append(fn)
+    out.saved.append(data)
+    return len(out.functions) - 1
+
+
+def _saved_bytes(fn: Any) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="farm-block-") as tmp:
+        path = Path(tmp) / "fn"
+        fn.save_compiled_function(str(path))
+        return path.read_bytes()
+
+
+def _store(path: Path, data: bytes) -> None:
+    # Atomic: a build beside this one (or the harvest) never reads half a file.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+__all__ = ["CACHE_SUBDIR", "BlockBuild", "BlocksUnavailable", "block_key", "call_block",
+           "capture_calls", "compile_blocks"]

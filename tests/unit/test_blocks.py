@@ -1,0 +1,233 @@
+"""Per-block compilation's parts: the payload's format, the blocks' keys,
+the capture of each block's call, and the reuse of compiled blocks within
+a build and from the compile cache (backend eager: Dynamo's guards and
+torch's save/load are real, no kernels are compiled)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from farm.build.blocks import BlocksUnavailable, block_key, capture_calls, compile_blocks
+from farm.core.specs import CompileOptions, SpecError
+from farm.node.blocks import (
+    BlocksFormatError,
+    BlockwiseModel,
+    call_block,
+    is_blocks,
+    pack,
+    unpack,
+)
+from farm.zoo.stack import stack
+
+CONTEXT = {"torch": torch.__version__, "options": "eager"}
+
+
+def compile_one(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return torch.compile(call_block, fullgraph=True, backend="eager").aot_compile(
+        ((block, *args), kwargs))
+
+
+def load_one(data: bytes) -> Any:
+    return torch.compiler.load_compiled_function(io.BytesIO(data))
+
+
+def build(model: nn.Module, x: torch.Tensor, cache: Path | None) -> Any:
+    with torch.no_grad():
+        calls = capture_calls(model, lambda: model(x))
+        return compile_blocks(model, calls, compile_one, load_one, context=CONTEXT, cache=cache)
+
+
+def seeded(**kwargs: Any) -> nn.Module:
+    torch.manual_seed(0)
+    return stack(width=8, **kwargs).eval().requires_grad_(False)
+
+
+# --- the payload ------------------------------------------------------------------------
+
+
+def test_the_payload_round_trips_and_names_each_blocks_function() -> None:
+    data = pack([b"first", b"", b"third"], {"layers.0": 0, "layers.1": 2, "layers.2": 0})
+    assert is_blocks(data)
+    assert unpack(data) == ([b"first", b"", b"third"], {"layers.0": 0, "layers.1": 2,
+                                                        "layers.2": 0})
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda d: d[:-1],                                   # a function cut short
+    lambda d: d + b"x",                                 # bytes nobody accounts for
+    lambda d: d.replace(b'"layers.0": 1', b'"layers.0": 5'),  # a function not in it
+    lambda d: d.replace(b'"sizes"', b'"sixes"'),        # no sizes
+    lambda d: d.replace(b"\n", b" ", 2),                # no end of header
+])
+def test_a_payload_that_does_not_add_up_is_refused(tamper: Any) -> None:
+    data = pack([b"abc", b"de"], {"layers.0": 1, "layers.1": 0})
+    with pytest.raises(BlocksFormatError):
+        unpack(tamper(data))
+
+
+def test_pack_refuses_a_block_without_its_function() -> None:
+    with pytest.raises(ValueError, match="not in the payload"):
+        pack([b"a"], {"layers.0": 1})
+
+
+# --- keys ---------------------------------------------------------------------------------
+
+
+def test_identical_layers_share_a_key_and_a_changed_one_does_not() -> None:
+    model = seeded(layers=4, changed=2)
+    x = torch.randn(2, 8)
+    calls = capture_calls(model, lambda: model(x))
+    keys = [block_key(model.get_submodule(n), a, k, CONTEXT) for n, (a, k) in calls.items()]
+    assert keys[0] == keys[1] == keys[3] != keys[2]  # layer 2: SiLU, a plain attribute
+    # Another instance of the same model: the same keys (the key reads no object ids).
+    again = seeded(layers=4, changed=2)
+    calls2 = capture_calls(again, lambda: again(x))
+    assert keys == [block_key(again.get_submodule(n), a, k, CONTEXT)
+                    for n, (a, k) in calls2.items()]
+
+
+def test_the_key_follows_shapes_inputs_and_context() -> None:
+    model = seeded(layers=2, distinct=True)
+    x = torch.randn(2, 8)
+    calls = capture_calls(model, lambda: model(x))
+    (a0, k0), (a1, k1) = calls.values()
+    b0, b1 = model.layers[0], model.layers[1]
+    base = block_key(b0, a0, k0, CONTEXT)
+    assert base != block_key(b1, a1, k1, CONTEXT)                    # hidden widths differ
+    assert base != block_key(b0, (torch.randn(3, 8),), k0, CONTEXT)  # another batch
+    assert base != block_key(b0, a0, k0, {**CONTEXT, "torch": "0.0"})
+    b0.train()
+    assert base != block_key(b0, a0, k0, CONTEXT)                    # training flag
+
+
+def test_capture_refuses_a_model_without_a_layer_list() -> None:
+    with pytest.raises(BlocksUnavailable, match="without per_block"):
+        capture_calls(nn.Linear(2, 2), lambda: None)
+
+
+def test_capture_refuses_a_block_that_runs_twice() -> None:
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = stack(layers=2, width=4).layers
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layers[1](self.layers[0](self.layers[0](x)))
+
+    model = Twice()
+    with pytest.raises(BlocksUnavailable, match=r"'layers\.0' ran 2 times"):
+        capture_calls(model, lambda: model(torch.randn(1, 4)))
+
+
+def test_per_block_and_regional_exclude_each_other() -> None:
+    assert CompileOptions.from_json({"per_block": "true"}).to_json()["per_block"] is True
+    assert "per_block" not in CompileOptions().to_json()  # old keys keep their text
+    with pytest.raises(SpecError, match="ask for one of them"):
+        CompileOptions.from_json({"per_block": True, "regional": True})
+    with pytest.raises(SpecError, match="per_block must be true or false"):
+        CompileOptions.from_json({"per_block": "yes"})
+
+
+# --- reuse --------------------------------------------------------------------------------
+
+
+def test_identical_layers_compile_once_and_a_rebuild_compiles_nothing(tmp_path: Path) -> None:
+    x = torch.randn(2, 8)
+    model = seeded(layers=4, changed=2)
+    first = build(model, x, tmp_path)
+    # The SiLU layer's shape key is the GELU layers': their function is
+    # offered to it first, and its guards refuse it.
+    assert first.summary() == {"blocks": 4, "functions": 2, "compiled": 2, "from_cache": 0,
+                               "shared": 2, "guard_refusals": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        {block_key(model.layers[i], (x,), {}, CONTEXT, attributes=a)
+         for i in (0, 2) for a in (True, False)})
+    second = build(seeded(layers=4, changed=2), x, tmp_path)
+    assert (second.compiled, second.from_cache, second.shared) == (0, 2, 2)
+
+
+def test_one_changed_layer_of_distinct_layers_compiles_that_layer(tmp_path: Path) -> None:
+    x = torch.randn(2, 8)
+    cold = build(seeded(layers=4, distinct=True), x, tmp_path)
+    assert (cold.compiled, cold.from_cache) == (4, 0)
+    model = seeded(layers=4, distinct=True, changed=1)
+    changed = build(model, x, tmp_path)
+    assert (changed.compiled, changed.from_cache) == (1, 3)
+    runner = BlockwiseModel(model, {n: changed.functions[i]
+                                    for n, i in changed.assignment.items()})
+    with torch.no_grad():
+        assert torch.equal(runner(model, x), seeded(layers=4, distinct=True, changed=1)(x))
+
+
+def test_a_stored_function_under_the_wrong_key_is_refused_by_its_guards(
+        tmp_path: Path) -> None:
+    """The keys are a lookup, not a proof: a GELU layer's function stored
+    under the SiLU layer's keys (a collision, or a planted entry) fails the
+    guards (Dynamo guards the attribute the forward reads), and the block is
+    compiled anew; the model still computes what eager does."""
+    x = torch.randn(2, 8)
+    model = seeded(layers=3, changed=1)
+    build(model, x, tmp_path)
+    gelu = block_key(model.layers[0], (x,), {}, CONTEXT)
+    for attributes in (True, False):
+        silu = tmp_path / block_key(model.layers[1], (x,), {}, CONTEXT, attributes=attributes)
+        silu.write_bytes((tmp_path / gelu).read_bytes())
+    again = build(model, x, tmp_path)
+    assert (again.compiled, again.from_cache) == (1, 1)
+    assert again.refused >= 1
+    runner = BlockwiseModel(model, {n: again.functions[i] for n, i in again.assignment.items()})
+    with torch.no_grad():
+        assert torch.equal(runner(model, x), seeded(layers=3, changed=1)(x))
+
+
+def test_layers_that_differ_in_an_attribute_the_forward_never_reads_share_a_function(
+        tmp_path: Path) -> None:
+    """transformers' decoder layers each keep their own ``layer_idx``: their
+    exact keys differ, their shape keys do not, and the guards (which read
+    only what the forward read) accept one function for all of them."""
+    x = torch.randn(2, 8)
+    model = seeded(layers=3)
+    for i, layer in enumerate(model.layers):
+        layer.layer_idx = i
+    made = build(model, x, tmp_path)
+    assert (made.compiled, made.shared) == (1, 2)
+    again = seeded(layers=3)
+    for i, layer in enumerate(again.layers):
+        layer.layer_idx = i
+    assert (build(again, x, tmp_path).compiled) == 0
+
+
+def test_a_corrupt_stored_function_is_compiled_again(tmp_path: Path) -> None:
+    x = torch.randn(2, 8)
+    model = seeded(layers=2)
+    build(model, x, tmp_path)
+    for entry in tmp_path.iterdir():
+        entry.write_bytes(b"not a compiled function")
+    again = build(model, x, tmp_path)
+    assert (again.compiled, again.from_cache) == (1, 0)
+
+
+def test_the_node_runs_blocks_through_their_functions_and_keeps_the_class() -> None:
+    x = torch.randn(2, 8)
+    model = seeded(layers=3)
+    made = build(model, x, None)
+    calls: list[str] = []
+    fn = made.functions[0]
+
+    def counting(block: nn.Module, *a: Any) -> Any:
+        calls.append("compiled")
+        return fn(block, *a)
+
+    runner = BlockwiseModel(model, dict.fromkeys(made.assignment, counting))
+    with torch.no_grad():
+        assert torch.equal(runner(model, x), seeded(layers=3)(x))
+    assert calls == ["compiled"] * 3
+    assert "forward" not in vars(seeded(layers=1).layers[0])  # other instances untouched
+    with pytest.raises(ValueError, match="the module it was loaded with"):
+        runner(seeded(layers=3), x)
