@@ -250,9 +250,11 @@ stamp "submit mymodel.py:make and myllama.py:make"
 ( s0=$SECONDS; farm submit ./mymodel.py:make --name mymlp --version 1 --input 'float32[4,12]' \
     --wait --timeout 540; echo "rc=$? after $((SECONDS - s0)) s" ) >"$OUT/gpu_users-mlp.txt" 2>&1 &
 MLP=$!
+# GPU_USERS_LLAMA_OPTIONS: more submit options for the Llama (e.g. --per-block).
+# shellcheck disable=SC2086
 ( s0=$SECONDS; farm submit ./myllama.py:make --name myllama --version 1 \
     --input 'input_ids=int64[1,16]' --input 'attention_mask=int64[1,16]{0..1}' \
-    --wait --timeout 900; echo "rc=$? after $((SECONDS - s0)) s" ) >"$OUT/gpu_users-llama.txt" 2>&1 &
+    ${GPU_USERS_LLAMA_OPTIONS:-} --wait --timeout 900; echo "rc=$? after $((SECONDS - s0)) s" ) >"$OUT/gpu_users-llama.txt" 2>&1 &
 LLAMA=$!
 # And a training step of the same MLP (its loss and optimizer compiled with
 # its backward), beside them.
@@ -359,7 +361,7 @@ echo "|---|---|---|" >>"$TABLE"
 USERS_END=$(( ${GPU_USERS_BUDGET_S:-100000} ))
 # GPU_USERS_HOSTILE picks them (a memory hog once stopped a lent machine, so a
 # run that must bring back its other results leaves it to the end).
-for h in ${GPU_USERS_HOSTILE:-env write fork hog tmpfs}; do
+for h in ${GPU_USERS_HOSTILE-env write fork hog tmpfs}; do
   if [ $((USERS_END - SECONDS)) -lt 90 ]; then
     echo "| $h | not run: the check's budget ran out | |" >>"$TABLE"
     continue

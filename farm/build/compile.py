@@ -478,6 +478,10 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
             except Exception as exc:  # the artifact stands; nodes compile the kernels
                 log.warning("CPU warm-up failed, no kernels shipped: %s", exc)
                 kernels = None
+    if per_block:
+        # The build's model goes on to other formats (an AOTI package traces
+        # it again): its blocks get their own forward back.
+        compiled_fn.unpatch()
     bundle_meta: dict[str, Any] = {}
     if kernels:
         from torch._inductor import config as inductor_config

@@ -104,6 +104,12 @@ class BlockwiseModel:
             raise ValueError("a per-block artifact runs the module it was loaded with")
         return module(*inputs, **kwargs)
 
+    def unpatch(self) -> None:
+        """Give each block its class's ``forward`` back (the builder, before
+        it traces the same model again for another format)."""
+        for name in self.functions:
+            vars(operator.attrgetter(name)(self.module)).pop("forward", None)
+
     def disable_guard_check(self) -> None:
         for fn in {id(f): f for f in self.functions.values()}.values():
             fn.disable_guard_check()

@@ -231,3 +231,30 @@ def test_the_node_runs_blocks_through_their_functions_and_keeps_the_class() -> N
     assert "forward" not in vars(seeded(layers=1).layers[0])  # other instances untouched
     with pytest.raises(ValueError, match="the module it was loaded with"):
         runner(seeded(layers=3), x)
+
+
+def test_the_build_gives_the_blocks_their_forward_back_for_the_next_format(
+        tmp_path: Path) -> None:
+    """The compile child builds the aot_compile format and then exports the
+    same model for AOTI: a block still patched with its compiled function
+    would be traced through that function's guards (which refused torch.export's
+    fake inputs on the GPU host: "AOTI FAILED ... GuardManager check failed")."""
+    from farm.build.compile import compile_aot
+    from farm.core.specs import JobSpec
+    from farm.node.loader import load_artifact
+
+    spec = JobSpec.from_json({
+        "name": "blocks", "version": "1",
+        "model": {"entrypoint": "farm.zoo.stack:stack", "kwargs": {"layers": 3, "width": 8}},
+        "inputs": ["float32[2,8]"], "options": {"backend": "eager", "per_block": True}})
+    model = seeded(layers=3)
+    with torch.no_grad():
+        meta = compile_aot(spec, model, torch.device("cpu"), tmp_path / "art")
+    assert meta["per_block"]["functions"] == 1
+    assert not any("forward" in vars(layer) for layer in model.layers)
+    x = torch.randn(2, 8)
+    torch.export.export(model, (x,))
+    node_model = seeded(layers=3)
+    fn = load_artifact(tmp_path / "art", "aot_compile", module=node_model, trust_unverified=True)
+    with torch.no_grad():
+        assert torch.equal(fn(x), seeded(layers=3)(x))
