@@ -2,9 +2,9 @@
 own, and blocks compiled by earlier builds reused without tracing them again.
 
 A ``per_block: true`` build (``farm.build.compile.compile_aot``) runs the
-model once eagerly to see what each block (a composite child of an
-``nn.ModuleList``/``nn.Sequential``: a transformer layer) is called with,
-then, for each block in order:
+model once, each block (a composite child of an ``nn.ModuleList``/
+``nn.Sequential``: a transformer layer) served at its first call, in the
+order the forward calls them, by:
 
 1. its **keys**: hashes of what the block's program depends on that can
    be read without tracing it. The *shape key*: the toolchain and compile
@@ -81,6 +81,8 @@ class BlockBuild:
     shared: int = 0
     # Keyed candidates whose guards refused the block (then compiled anew).
     refused: int = 0
+    # Each served block's exact key, in the order the forward called them.
+    keys: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, int]:
         return {"blocks": len(self.assignment), "functions": len(self.functions),
@@ -88,35 +90,75 @@ class BlockBuild:
                 "shared": self.shared, "guard_refusals": self.refused}
 
 
-def capture_calls(model: nn.Module, run: Callable[[], Any]
-                  ) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
-    """(args, kwargs) each layer-list block of ``model`` is called with while
-    ``run()`` runs it; each must be called exactly once."""
+def compile_blocks(model: nn.Module, run: Callable[[], Any],
+                   compile_one: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any],
+                   load_one: Callable[[bytes], Any], *, context: Mapping[str, Any],
+                   cache: Path | None) -> BlockBuild:
+    """Run the model (``run()``) with each layer-list block served by a
+    function compiled or reused at the block's first call, in the order the
+    forward calls them; each block's output is its function's, so the next
+    block sees what it will see on a node, and no block's inputs are kept
+    past its call. A block called again (weights shared across steps) is
+    served by its function if its guards accept the new inputs.
+
+    ``compile_one(block, args, kwargs)`` returns an ``aot_compile`` function
+    of ``call_block``; ``load_one(bytes)`` loads a stored one. ``cache``: the
+    directory of stored functions (None: none)."""
     blocks = layer_blocks(model)
     if len(blocks) < 2:
         raise BlocksUnavailable(
             "per-block compilation needs a model whose forward runs a list of blocks (an "
             "nn.ModuleList or nn.Sequential of modules with children of their own, at least "
             "2); this model has none: build it without per_block")
-    calls: dict[str, list[tuple[tuple[Any, ...], dict[str, Any]]]] = {n: [] for n, _ in blocks}
+    out = BlockBuild()
+    by_key: dict[str, list[int]] = {}
+    sources: dict[str, str] = {}
 
-    def hook_for(name: str) -> Callable[..., None]:
-        def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            calls[name].append((_detached(args), _detached(kwargs)))
-        return hook
+    def serve(name: str, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # The block as the node has it while it is traced and its guards
+        # checked: Dynamo would otherwise read (and try to save) this wrapper.
+        patched = vars(block).pop("forward")
+        try:
+            return _serve(name, block, args, kwargs)
+        finally:
+            block.forward = patched
 
-    handles = [m.register_forward_pre_hook(hook_for(n), with_kwargs=True) for n, m in blocks]
+    def _serve(name: str, block: nn.Module, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Any:
+        seen = (_detached(args), _detached(kwargs))
+        if name in out.assignment:
+            fn = out.functions[out.assignment[name]]
+            if not _accepts(fn, block, *seen):
+                raise BlocksUnavailable(
+                    f"block {name!r} ran again in one forward with inputs its first call's "
+                    "function does not take (other shapes or constants); per-block "
+                    "compilation compiles one program per block: build it without per_block")
+            return fn(block, *args, **kwargs)
+        index = _function_for(out, by_key, sources, block, *seen, compile_one=compile_one,
+                              load_one=load_one, context=context, cache=cache)
+        out.assignment[name] = index
+        return out.functions[index](block, *args, **kwargs)
+
+    def forward_of(name: str, block: nn.Module) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return serve(name, block, args, kwargs)
+        return forward
+
+    for name, block in blocks:
+        # On the instance, as the node does (farm.node.blocks.BlockwiseModel).
+        block.forward = forward_of(name, block)
     try:
         run()
     finally:
-        for h in handles:
-            h.remove()
-    for name, seen in calls.items():
-        if len(seen) != 1:
-            raise BlocksUnavailable(
-                f"block {name!r} ran {len(seen)} times in one forward; per-block compilation "
-                "compiles one call of each block: build it without per_block")
-    return {n: seen[0] for n, seen in calls.items()}
+        for _, block in blocks:
+            vars(block).pop("forward", None)
+    missing = [n for n, _ in blocks if n not in out.assignment]
+    if missing:
+        raise BlocksUnavailable(
+            f"block {missing[0]!r} of the model's layer list never ran in its forward: "
+            "per-block compilation serves the blocks the forward calls; build it without "
+            "per_block")
+    return out
 
 
 def _detached(value: Any) -> Any:
@@ -212,43 +254,36 @@ def _describe(v: Any) -> Any:
     return ["object", f"{cls.__module__}.{cls.__qualname__}"]
 
 
-def compile_blocks(model: nn.Module, calls: Mapping[str, tuple[tuple[Any, ...], dict[str, Any]]],
-                   compile_one: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any],
-                   load_one: Callable[[bytes], Any], *, context: Mapping[str, Any],
-                   cache: Path | None) -> BlockBuild:
-    """Compile or reuse a function for each block in ``calls`` (name ->
-    (args, kwargs)), in order. ``compile_one(block, args, kwargs)`` returns
-    an ``aot_compile`` function of ``call_block``; ``load_one(bytes)`` loads
-    a stored one. ``cache``: the directory of stored functions (None: none)."""
-    out = BlockBuild()
-    by_key: dict[str, list[int]] = {}
-    sources: dict[str, str] = {}
-    modules = dict(model.named_modules())
-    for name, (args, kwargs) in calls.items():
-        block = modules[name]
-        keys = [block_key(block, args, kwargs, context, sources=sources, attributes=a)
-                for a in (True, False)]
-        index = _first_accepting(out, _candidates(by_key, keys), block, args, kwargs)
-        if index is not None:
-            out.shared += 1
-        else:
-            for key in keys:
-                index = _from_cache(out, cache, key, load_one, block, args, kwargs)
-                if index is not None:
-                    break
-        if index is None:
-            fn = compile_one(block, args, kwargs)
-            data = _saved_bytes(fn)
-            index = _add(out, fn, data)
-            out.compiled += 1
-            if cache is not None:
-                for key in keys:
-                    _store(cache / key, data)
+def _function_for(out: BlockBuild, by_key: dict[str, list[int]], sources: dict[str, str],
+                  block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                  compile_one: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any],
+                  load_one: Callable[[bytes], Any], context: Mapping[str, Any],
+                  cache: Path | None) -> int:
+    """The index in ``out`` of the function that serves ``block`` on these
+    inputs: one of this build's, a stored one, or a new one."""
+    keys = [block_key(block, args, kwargs, context, sources=sources, attributes=a)
+            for a in (True, False)]
+    index = _first_accepting(out, _candidates(by_key, keys), block, args, kwargs)
+    if index is not None:
+        out.shared += 1
+    else:
         for key in keys:
-            if index not in by_key.setdefault(key, []):
-                by_key[key].append(index)
-        out.assignment[name] = index
-    return out
+            index = _from_cache(out, cache, key, load_one, block, args, kwargs)
+            if index is not None:
+                break
+    if index is None:
+        fn = compile_one(block, args, kwargs)
+        data = _saved_bytes(fn)
+        index = _add(out, fn, data)
+        out.compiled += 1
+        if cache is not None:
+            for key in keys:
+                _store(cache / key, data)
+    for key in keys:
+        if index not in by_key.setdefault(key, []):
+            by_key[key].append(index)
+    out.keys.append(keys[0])
+    return index
 
 
 def _candidates(by_key: Mapping[str, list[int]], keys: list[str]) -> list[int]:
@@ -325,4 +360,4 @@ def _store(path: Path, data: bytes) -> None:
 
 
 __all__ = ["CACHE_SUBDIR", "BlockBuild", "BlocksUnavailable", "block_key", "call_block",
-           "capture_calls", "compile_blocks"]
+           "compile_blocks"]

@@ -431,6 +431,12 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
     cache_root = Path(cache_dir())
     tune = device.type == "cuda" and not fake
     per_block: dict[str, Any] = {}
+    if spec.options.per_block and fake:
+        # A per-block build runs each block's compiled function to feed the
+        # next block, which FakeTensor weights cannot do.
+        raise CompileError("per_block needs weights it can run (this build's are FakeTensors: "
+                           "the model does not fit the build device, or the job asked for "
+                           "weights fake); build it without per_block, or with weights empty")
     with grad_context(spec.grad_mode), _regional(spec, model) as regions:
         try:
             with (native_phase("tracing and lowering the model (torch aot_compile)"),
@@ -575,7 +581,6 @@ def _compile_per_block(spec: JobSpec, model: Any, args: tuple[Any, ...], kwargs:
         CACHE_SUBDIR,
         BlocksUnavailable,
         call_block,
-        capture_calls,
         compile_blocks,
     )
     from farm.node.blocks import BlockwiseModel, pack
@@ -600,16 +605,15 @@ def _compile_per_block(spec: JobSpec, model: Any, args: tuple[Any, ...], kwargs:
     def load_one(data: bytes) -> Any:
         return torch.compiler.load_compiled_function(io.BytesIO(data))
 
-    try:
-        calls = capture_calls(model, lambda: model(*args[1:], **kwargs))
-    except BlocksUnavailable as exc:
-        raise CompileError(str(exc)) from None
     context = {"torch": torch.__version__, "device": device.type,
                "grad_mode": spec.grad_mode.value, "options": spec.options.canonical(),
                "compile_options": repr(sorted((k, repr(v)) for k, v in options.items()
                                               if k != "guard_filter_fn"))}
-    made = compile_blocks(model, calls, compile_one, load_one, context=context,
-                          cache=cache_root / CACHE_SUBDIR)
+    try:
+        made = compile_blocks(model, lambda: model(*args[1:], **kwargs), compile_one, load_one,
+                              context=context, cache=cache_root / CACHE_SUBDIR)
+    except BlocksUnavailable as exc:
+        raise CompileError(str(exc)) from None
     log.info("per-block: %s", made.summary())
     runner = BlockwiseModel(model, {n: made.functions[i] for n, i in made.assignment.items()})
     meta: dict[str, Any] = {**made.summary(), "payload": pack(made.saved, made.assignment)}

@@ -1,5 +1,5 @@
 """Per-block compilation's parts: the payload's format, the blocks' keys,
-the capture of each block's call, and the reuse of compiled blocks within
+the serving of each block at its first call, and the reuse of compiled blocks within
 a build and from the compile cache (backend eager: Dynamo's guards and
 torch's save/load are real, no kernels are compiled)."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from farm.build.blocks import BlocksUnavailable, block_key, capture_calls, compile_blocks
+from farm.build.blocks import BlocksUnavailable, block_key, compile_blocks
 from farm.core.specs import CompileOptions, SpecError
 from farm.node.blocks import (
     BlocksFormatError,
@@ -39,8 +39,8 @@ def load_one(data: bytes) -> Any:
 
 def build(model: nn.Module, x: torch.Tensor, cache: Path | None) -> Any:
     with torch.no_grad():
-        calls = capture_calls(model, lambda: model(x))
-        return compile_blocks(model, calls, compile_one, load_one, context=CONTEXT, cache=cache)
+        return compile_blocks(model, lambda: model(x), compile_one, load_one, context=CONTEXT,
+                              cache=cache)
 
 
 def seeded(**kwargs: Any) -> nn.Module:
@@ -80,49 +80,56 @@ def test_pack_refuses_a_block_without_its_function() -> None:
 
 
 def test_identical_layers_share_a_key_and_a_changed_one_does_not() -> None:
-    model = seeded(layers=4, changed=2)
     x = torch.randn(2, 8)
-    calls = capture_calls(model, lambda: model(x))
-    keys = [block_key(model.get_submodule(n), a, k, CONTEXT) for n, (a, k) in calls.items()]
+    keys = build(seeded(layers=4, changed=2), x, None).keys
     assert keys[0] == keys[1] == keys[3] != keys[2]  # layer 2: SiLU, a plain attribute
     # Another instance of the same model: the same keys (the key reads no object ids).
-    again = seeded(layers=4, changed=2)
-    calls2 = capture_calls(again, lambda: again(x))
-    assert keys == [block_key(again.get_submodule(n), a, k, CONTEXT)
-                    for n, (a, k) in calls2.items()]
+    assert build(seeded(layers=4, changed=2), x, None).keys == keys
 
 
 def test_the_key_follows_shapes_inputs_and_context() -> None:
     model = seeded(layers=2, distinct=True)
     x = torch.randn(2, 8)
-    calls = capture_calls(model, lambda: model(x))
-    (a0, k0), (a1, k1) = calls.values()
-    b0, b1 = model.layers[0], model.layers[1]
-    base = block_key(b0, a0, k0, CONTEXT)
-    assert base != block_key(b1, a1, k1, CONTEXT)                    # hidden widths differ
-    assert base != block_key(b0, (torch.randn(3, 8),), k0, CONTEXT)  # another batch
-    assert base != block_key(b0, a0, k0, {**CONTEXT, "torch": "0.0"})
+    keys = build(model, x, None).keys
+    b0 = model.layers[0]
+    base = block_key(b0, (x,), {}, CONTEXT)
+    assert base == keys[0] != keys[1]                                # hidden widths differ
+    assert base != block_key(b0, (torch.randn(3, 8),), {}, CONTEXT)  # another batch
+    assert base != block_key(b0, (x,), {}, {**CONTEXT, "torch": "0.0"})
     b0.train()
-    assert base != block_key(b0, a0, k0, CONTEXT)                    # training flag
+    assert base != block_key(b0, (x,), {}, CONTEXT)                  # training flag
 
 
-def test_capture_refuses_a_model_without_a_layer_list() -> None:
+def test_a_model_without_a_layer_list_is_refused_in_words() -> None:
     with pytest.raises(BlocksUnavailable, match="without per_block"):
-        capture_calls(nn.Linear(2, 2), lambda: None)
+        build(nn.Sequential(nn.Linear(8, 8)), torch.randn(2, 8), None)
 
 
-def test_capture_refuses_a_block_that_runs_twice() -> None:
-    class Twice(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layers = stack(layers=2, width=4).layers
+class Twice(nn.Module):
+    """Its first layer runs twice in one forward (weights shared across steps)."""
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.layers[1](self.layers[0](self.layers[0](x)))
+    def __init__(self, second: slice) -> None:
+        super().__init__()
+        self.layers = seeded(layers=2).layers
+        self.second = second
 
-    model = Twice()
-    with pytest.raises(BlocksUnavailable, match=r"'layers\.0' ran 2 times"):
-        capture_calls(model, lambda: model(torch.randn(1, 4)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers[1](self.layers[0](self.layers[0](x)[self.second]))
+
+
+def test_a_block_that_runs_twice_is_served_twice_by_its_function() -> None:
+    x = torch.randn(2, 8)
+    model = Twice(slice(None))
+    made = build(model, x, None)
+    assert made.summary()["blocks"] == 2 and made.functions
+    runner = BlockwiseModel(model, {n: made.functions[i] for n, i in made.assignment.items()})
+    with torch.no_grad():
+        assert torch.equal(runner(model, x), Twice(slice(None))(x))
+
+
+def test_a_block_that_runs_again_on_other_shapes_is_refused_in_words() -> None:
+    with pytest.raises(BlocksUnavailable, match=r"'layers\.0' ran again"):
+        build(Twice(slice(0, 1)), torch.randn(2, 8), None)
 
 
 def test_per_block_and_regional_exclude_each_other() -> None:
@@ -258,3 +265,21 @@ def test_the_build_gives_the_blocks_their_forward_back_for_the_next_format(
     fn = load_artifact(tmp_path / "art", "aot_compile", module=node_model, trust_unverified=True)
     with torch.no_grad():
         assert torch.equal(fn(x), seeded(layers=3)(x))
+
+
+def test_a_build_with_fake_weights_is_refused_in_words(tmp_path: Path) -> None:
+    """The build runs each block's compiled function to feed the next block,
+    which FakeTensor weights (a model too big for the build device) cannot do."""
+    from farm.build.compile import compile_aot
+    from farm.build.compile_common import CompileError
+    from farm.build.fake_weights import WEIGHTS_FAKE, WeightsPlan, fake_tensor_mode
+    from farm.core.specs import JobSpec
+
+    spec = JobSpec.from_json({
+        "name": "blocks", "version": "1",
+        "model": {"entrypoint": "farm.zoo.stack:stack", "kwargs": {"layers": 2, "width": 8}},
+        "inputs": ["float32[2,8]"],
+        "options": {"backend": "eager", "per_block": True, "weights": "fake"}})
+    plan = WeightsPlan(mode=WEIGHTS_FAKE, why="asked", fake_mode=fake_tensor_mode())
+    with pytest.raises(CompileError, match="per_block needs weights it can run"):
+        compile_aot(spec, seeded(layers=2), torch.device("cpu"), tmp_path / "art", weights=plan)
