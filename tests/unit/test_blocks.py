@@ -267,19 +267,37 @@ def test_the_build_gives_the_blocks_their_forward_back_for_the_next_format(
         assert torch.equal(fn(x), seeded(layers=3)(x))
 
 
+def per_block_job(inputs: str = "float32[2,8]", **options: Any) -> Any:
+    from farm.core.specs import JobSpec
+
+    return JobSpec.from_json({
+        "name": "blocks", "version": "1",
+        "model": {"entrypoint": "farm.zoo.stack:stack", "kwargs": {"layers": 2, "width": 8}},
+        "inputs": [inputs], "options": {"backend": "eager", "per_block": True, **options}})
+
+
 def test_a_build_with_fake_weights_is_refused_in_words(tmp_path: Path) -> None:
     """The build runs each block's compiled function to feed the next block,
     which FakeTensor weights (a model too big for the build device) cannot do."""
     from farm.build.compile import compile_aot
     from farm.build.compile_common import CompileError
     from farm.build.fake_weights import WEIGHTS_FAKE, WeightsPlan, fake_tensor_mode
-    from farm.core.specs import JobSpec
 
-    spec = JobSpec.from_json({
-        "name": "blocks", "version": "1",
-        "model": {"entrypoint": "farm.zoo.stack:stack", "kwargs": {"layers": 2, "width": 8}},
-        "inputs": ["float32[2,8]"],
-        "options": {"backend": "eager", "per_block": True, "weights": "fake"}})
     plan = WeightsPlan(mode=WEIGHTS_FAKE, why="asked", fake_mode=fake_tensor_mode())
     with pytest.raises(CompileError, match="per_block needs weights it can run"):
-        compile_aot(spec, seeded(layers=2), torch.device("cpu"), tmp_path / "art", weights=plan)
+        compile_aot(per_block_job(weights="fake"), seeded(layers=2), torch.device("cpu"),
+                    tmp_path / "art", weights=plan)
+
+
+@pytest.mark.parametrize(("inputs", "model", "says"), [
+    ("float32[2..8,8]", lambda: seeded(layers=2), "has dynamic dimensions: build it without"),
+    ("float32[2,8]", lambda: nn.Sequential(nn.Linear(8, 8)), "needs a model whose forward runs "
+                                                             "a list of blocks"),
+])
+def test_what_a_per_block_build_cannot_take_fails_it_in_words(
+        tmp_path: Path, inputs: str, model: Any, says: str) -> None:
+    from farm.build.compile import compile_aot
+    from farm.build.compile_common import CompileError
+
+    with torch.no_grad(), pytest.raises(CompileError, match=says):
+        compile_aot(per_block_job(inputs), model(), torch.device("cpu"), tmp_path / "art")

@@ -698,5 +698,6 @@ def test_unasked_options_rule() -> None:
     assert len(unasked_options(CompileOptions(mode="max-autotune",
                                               disable_guard_check=True), "cuda")) == 2
     for harmless in (CompileOptions(backend="eager"), CompileOptions(guard_filter="keep-all"),
-                     CompileOptions(regional=True), CompileOptions(weights="fake")):
+                     CompileOptions(regional=True), CompileOptions(per_block=True),
+                     CompileOptions(weights="fake")):
         assert unasked_options(harmless, "cuda") == [], harmless
