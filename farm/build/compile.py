@@ -455,9 +455,7 @@ def compile_aot(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
             cls = ModelDoesNotFit if weights.does_not_fit else CompileError
             raise cls(describe_failure(weights, exc)) from exc
         trace_compile_s = time.perf_counter() - t0
-        imported = per_block.pop("module_imports", None)
-        if imported is None:
-            imported = _module_globals_as_imports(compiled_fn)
+        imported = _module_globals_as_imports(compiled_fn)
         external = external_objects(spec.model, model)
         with stage_times.stage(stage_times.SAVE):
             if per_block:

@@ -208,10 +208,7 @@ class CompileOptions:
             raise SpecError(
                 f"unknown guard filter {self.guard_filter!r}; known: {', '.join(GUARD_FILTERS)}"
             )
-        if not isinstance(self.disable_guard_check, bool):
-            raise SpecError(f"disable_guard_check must be true or false, "
-                            f"got {self.disable_guard_check!r}")
-        for name in ("regional", "per_block"):
+        for name in ("disable_guard_check", "regional", "per_block"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.regional and self.per_block:
