@@ -57,7 +57,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from farm.build import stage_times
+from farm.build import kernel_names, stage_times
 from farm.build.aoti_compile import compile_aoti
 from farm.build.aoti_support import cxx_identity
 from farm.build.compile_common import AOTIUnsupported, CompileError, ModelDoesNotFit, mode_options
@@ -210,6 +210,8 @@ def compile_artifacts(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     enable_aot_compile()
+    # Every Triton kernel a static launcher (farm.build.kernel_names says why).
+    kernel_names.install()
     device = torch.device(target_device)
     with stage_times.stage(stage_times.MODEL):
         model, weights = build_for_compile(spec, device)

@@ -15,6 +15,8 @@ from typing import Any
 # compiled or unpacked there (informational: loading a CUDA artifact unpacks
 # its bundled cubins into the cache without compiling anything).
 _COMPILED_SUFFIXES = (".so", ".o", ".cubin", ".ptx", ".hsaco", ".llir", ".ttgir", ".cpp")
+# A GPU kernel's binary, as Triton writes it into its cache.
+_KERNEL_BINARIES = (".cubin", ".hsaco", ".spv", ".zebin")
 # Events that mean code was generated or compiled...
 COMPILE_EVENTS = ("cpp_builds", "triton_compiles", "fxgraph_cache_miss",
                   "generated_module_cache_miss")
@@ -50,8 +52,7 @@ class CompileWatch:
 
     def install(self) -> None:
         self._wrap("torch._inductor.cpp_builder", "CppBuilder", "build", "cpp_builds")
-        self._wrap("torch._inductor.runtime.triton_heuristics", "CachingAutotuner",
-                   "_precompile_config", "triton_compiles")
+        self._wrap_triton_compile()
         self._wrap("torch._inductor.runtime.triton_heuristics", "CachingAutotuner",
                    "benchmark_all_configs", "autotune_benchmarks")
 
@@ -76,6 +77,41 @@ class CompileWatch:
 
         setattr(cls, method, wrapper)
         self._restore.append(lambda: setattr(cls, method, orig))
+
+    def _wrap_triton_compile(self) -> None:
+        """Counts a kernel config's ``triton.compile`` as ``triton_compiles``
+        only when it wrote a binary into Triton's cache; one answered from
+        that cache (the binaries an artifact ships, unpacked there before the
+        load: farm.node.bundle) is a ``triton_cache_loads``, tens of
+        milliseconds, nothing compiled. Inductor asks for it where torch's
+        own bundle has no ready launcher for the kernel (a per-block CUDA
+        artifact's attention-mask kernels, on an H100)."""
+        try:
+            from torch._inductor.runtime import triton_heuristics
+            from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+            cls = triton_heuristics.CachingAutotuner
+            orig = cls._precompile_config
+        except Exception:  # not in this torch, or no triton
+            return
+        counts = self.counts
+        counts.setdefault("triton_cache_loads", 0)
+
+        def binaries(autotuner: Any) -> int:
+            root = triton_cache_dir(int(autotuner.triton_meta.get("device", 0) or 0))
+            return sum(1 for _, _, files in os.walk(root) for f in files
+                       if f.endswith(_KERNEL_BINARIES))
+
+        def wrapper(autotuner: Any, *args: Any, **kwargs: Any) -> Any:
+            before = binaries(autotuner)
+            try:
+                return orig(autotuner, *args, **kwargs)
+            finally:
+                key = "triton_compiles" if binaries(autotuner) > before else "triton_cache_loads"
+                counts[key] += 1
+
+        cls._precompile_config = wrapper
+        self._restore.append(lambda: setattr(cls, "_precompile_config", orig))
 
     def _files(self) -> set[str]:
         out: set[str] = set()
