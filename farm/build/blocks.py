@@ -313,7 +313,12 @@ def _from_cache(out: BlockBuild, cache: Path | None, key: str, load_one: Callabl
         data = path.read_bytes()
         if data in out.saved:  # loaded already, for another block
             known = out.saved.index(data)
-            return known if _accepts(out.functions[known], block, args, kwargs) else None
+            # (A refusal here is not counted again: the function was most
+            # likely offered already, under the key it was stored with.)
+            if not _accepts(out.functions[known], block, args, kwargs):
+                return None
+            out.shared += 1
+            return known
         fn = load_one(data)
     except Exception as exc:  # a stale or foreign entry: compile instead
         log.info("stored block function %s not usable (%s); compiling", key[:12], exc)

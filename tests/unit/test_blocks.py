@@ -210,6 +210,29 @@ def test_layers_that_differ_in_an_attribute_the_forward_never_reads_share_a_func
     assert (build(again, x, tmp_path).compiled) == 0
 
 
+def test_a_stored_entry_holding_a_function_already_loaded_counts_as_shared(
+        tmp_path: Path) -> None:
+    """Every served block is counted once: compiled, from the cache, or
+    shared. An entry under a key of its own whose bytes are a function this
+    build already loaded serves the block as that function (shared)."""
+    from farm.build.blocks import BlockBuild, _from_cache
+
+    x = torch.randn(2, 8)
+    model = seeded(layers=2)
+    made = build(model, x, None)
+    out = BlockBuild()
+    out.functions.append(made.functions[0])
+    out.saved.append(made.saved[0])
+    (tmp_path / "other-key").write_bytes(made.saved[0])
+    with torch.no_grad():
+        got = _from_cache(out, tmp_path, "other-key", load_one, model.layers[1], (x,), {})
+    assert (got, out.shared, out.from_cache, out.refused) == (0, 1, 0, 0)
+    wider = seeded(layers=2, distinct=True).layers[1]  # its own width: the guards refuse
+    with torch.no_grad():
+        got = _from_cache(out, tmp_path, "other-key", load_one, wider, (torch.randn(2, 8),), {})
+    assert (got, out.shared, out.from_cache) == (None, 1, 0)
+
+
 def test_a_corrupt_stored_function_is_compiled_again(tmp_path: Path) -> None:
     x = torch.randn(2, 8)
     model = seeded(layers=2)
