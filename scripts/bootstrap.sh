@@ -5,52 +5,59 @@
 # migrations) with PostgreSQL's driver. Idempotent and quick when done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Build workers run model code under bubblewrap (farm.build.sandbox): a worker
-# that cannot isolate refuses to start, and the sandbox tests need it.
-# Their seccomp filter (farm.build.syscall_filter) is built with libseccomp.
-if ! command -v bwrap >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q libseccomp.so; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 libseccomp-dev) \
-      >/dev/null 2>&1 \
-      || echo "bootstrap: could not install bubblewrap and libseccomp" \
-              "(apt-get install -y bubblewrap libseccomp2)" >&2
-  else
-    echo "bootstrap: bubblewrap (bwrap) or libseccomp is missing: install them" \
-         "(apt-get install -y bubblewrap libseccomp2)" >&2
+# The system packages the farm and its tests need, from apt where missing:
+# in the background, beside the virtual environment's set-up (on a fresh
+# CI machine apt took 49 s before the venv was begun; the two share nothing).
+system_packages() {
+  # Build workers run model code under bubblewrap (farm.build.sandbox): a worker
+  # that cannot isolate refuses to start, and the sandbox tests need it.
+  # Their seccomp filter (farm.build.syscall_filter) is built with libseccomp.
+  if ! command -v bwrap >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q libseccomp.so; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      (apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 libseccomp-dev) \
+        >/dev/null 2>&1 \
+        || echo "bootstrap: could not install bubblewrap and libseccomp" \
+                "(apt-get install -y bubblewrap libseccomp2)" >&2
+    else
+      echo "bootstrap: bubblewrap (bwrap) or libseccomp is missing: install them" \
+           "(apt-get install -y bubblewrap libseccomp2)" >&2
+    fi
   fi
-fi
-# The deployment's tests (tests/unit/test_compose.py, test_seccomp_profile.py):
-# a compose CLI that validates docker-compose.yml without a daemon (Debian's
-# docker-compose, unless the docker compose plugin is there) and libseccomp's
-# Python binding, which applies the workers' seccomp profile as runc does.
-need=()
-if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null 2>&1; then
-  need+=(docker-compose)
-fi
-if ! /usr/bin/python3 -c "import seccomp" >/dev/null 2>&1; then
-  need+=(python3-seccomp)
-fi
-if [ "${#need[@]}" -gt 0 ]; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") \
-      >/dev/null 2>&1 \
-      || echo "bootstrap: could not install ${need[*]} (apt-get install -y ${need[*]})" >&2
-  else
-    echo "bootstrap: missing ${need[*]}: install them (apt-get install -y ${need[*]})" >&2
+  # The deployment's tests (tests/unit/test_compose.py, test_seccomp_profile.py):
+  # a compose CLI that validates docker-compose.yml without a daemon (Debian's
+  # docker-compose, unless the docker compose plugin is there) and libseccomp's
+  # Python binding, which applies the workers' seccomp profile as runc does.
+  need=()
+  if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null 2>&1; then
+    need+=(docker-compose)
   fi
-fi
-# The dashboard's browser test (tests/integration/test_dashboard.py) drives
-# Debian's chromium headless through playwright; playwright's own browser
-# download is never used.
-if [ ! -x /usr/bin/chromium ]; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
-      >/dev/null 2>&1 \
-      || echo "bootstrap: could not install chromium (apt-get install -y chromium)" >&2
-  else
-    echo "bootstrap: chromium is missing: install it (apt-get install -y chromium)" >&2
+  if ! /usr/bin/python3 -c "import seccomp" >/dev/null 2>&1; then
+    need+=(python3-seccomp)
   fi
-fi
+  if [ "${#need[@]}" -gt 0 ]; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") \
+        >/dev/null 2>&1 \
+        || echo "bootstrap: could not install ${need[*]} (apt-get install -y ${need[*]})" >&2
+    else
+      echo "bootstrap: missing ${need[*]}: install them (apt-get install -y ${need[*]})" >&2
+    fi
+  fi
+  # The dashboard's browser test (tests/integration/test_dashboard.py) drives
+  # Debian's chromium headless through playwright; playwright's own browser
+  # download is never used.
+  if [ ! -x /usr/bin/chromium ]; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+        >/dev/null 2>&1 \
+        || echo "bootstrap: could not install chromium (apt-get install -y chromium)" >&2
+    else
+      echo "bootstrap: chromium is missing: install it (apt-get install -y chromium)" >&2
+    fi
+  fi
+}
+system_packages &
+system_pid=$!
 PY=${PYTHON:-python3}
 # What it is doing, on stderr: a fresh clone's first run takes about a minute.
 say() { echo "bootstrap: $* ($SECONDS s)" >&2; }
@@ -94,5 +101,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ server/pyproject.to
   .venv/bin/python -m compileall -q -j 0 -x "$skip" .venv/lib >/dev/null 2>&1 || true
   .venv/bin/python -c "import torch, celery, sqlalchemy, fastapi, moto" 
   touch "$stamp"
+  installed=1
+fi
+wait "$system_pid" || true
+if [ -n "${installed:-}" ]; then
   say "done: activate it with 'source .venv/bin/activate'"
 fi

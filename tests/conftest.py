@@ -21,14 +21,23 @@ pytest_plugins = [
     "tests.fixtures.node",
 ]
 
-# Modules that take minutes, longest first: xdist hands out work in collection
-# order, so these start at once instead of last (tests/integration/test_pipeline
-# sorts after everything else by name and was the run's critical path).
+# Modules (and shared-farm groups, by their first module) longest first, by
+# their seconds in one idle run of the suite (docs/testing.md): xdist hands
+# out whole modules in collection order to whichever worker is free, so the
+# long ones start at once and the short ones fill the end (a 140-s module
+# handed out last ran alone for the run's last two minutes). Seconds, on the
+# 2-core CI machine: the session farm's group about 580 (led by
+# test_pipeline_recovery), the AOTI farm's about 280 (test_pipeline, then
+# test_attestation, which revokes its farm's builder key in its last test),
+# then each module's own. A module not listed runs after these, by name.
 LONG_FIRST = (
-    "test_pipeline", "test_faults", "test_pipeline_recovery", "test_compile_cpu",
-    "test_embedded", "test_hostile_models", "test_netns", "test_byom", "test_programs",
-    "test_attestation", "test_load", "test_everyday", "test_aoti_check", "test_fuzz_api",
-    "test_architectures",
+    "test_pipeline_recovery", "test_pipeline", "test_attestation", "test_netns",
+    "test_faults", "test_architectures", "test_zygote", "test_compile_cpu",
+    "test_hostile_models", "test_embedded", "test_isa_checks", "test_everyday", "test_load",
+    "test_sandbox_isolation", "test_fuzz_api", "test_api", "test_fake_weights", "test_byom",
+    "test_precompiled_headers", "test_visibility", "test_compile_cache", "test_projects",
+    "test_compile_options", "test_build_memory", "test_trace", "test_api_bad_input",
+    "test_node_agent", "test_parametrized_build", "test_migrations",
 )
 
 
