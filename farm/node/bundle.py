@@ -18,11 +18,11 @@ and files that go into the loading process's Inductor cache before the load.
     (``triton_cache_dir`` of ``triton_device`` in ``bundle.json``) before
     loading. torch's own bundle inside the bytes keeps the kernels' static
     launchers but only some of the binaries they name, and one that is
-    missing on a fresh node drops that kernel's launcher: the node then
-    compiles the kernel again (the likely cause of "first call compiles" in
-    the farm's verification on an H100; not yet measured with this section).
-    Upstream, torch 2.13's ``keep_static_cubin_raw`` carries the bytes
-    instead; torch 2.11 has no such setting.
+    missing on a fresh node drops that kernel's launcher. A kernel with no
+    static launcher at all (a name longer than Triton's 150 characters:
+    ``farm.build.kernel_names``) finds its binary here and loads it
+    through Triton's cache. Upstream, torch 2.13's ``keep_static_cubin_raw``
+    carries the bytes instead; torch 2.11 has no such setting.
 ``kernels/<2 chars>/<hash>[.main].so``
     The compiled C++ kernels of a CPU build. A CPU ``aot_compile`` artifact
     holds C++ source, and without these a node compiles it again with g++ at
