@@ -84,8 +84,8 @@ class CompileWatch:
         that cache (the binaries an artifact ships, unpacked there before the
         load: farm.node.bundle) is a ``triton_cache_loads``, tens of
         milliseconds, nothing compiled. Inductor asks for it where torch's
-        own bundle has no ready launcher for the kernel (a per-block CUDA
-        artifact's attention-mask kernels, on an H100)."""
+        own bundle has no static launcher for the kernel (on torch 2.11, one
+        whose name passed Triton's 150 characters: farm.build.kernel_names)."""
         try:
             from torch._inductor.runtime import triton_heuristics
             from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
