@@ -29,7 +29,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,6 +65,7 @@ def model_ref(args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
+    from timing import median_s  # bench/timing.py, beside this file
 
     from farm.build.compile import compile_artifacts
     from farm.core.inputs import parse_inputs
@@ -125,14 +125,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         sync()
 
     def steady(f: Any) -> float:
-        for _ in range(3):
-            step(f)
-        times = []
-        for _ in range(args.calls):
-            t = time.perf_counter()
-            step(f)
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
+        return median_s(lambda: step(f), calls=args.calls, warm_up=3)
 
     return {
         "headers": dict(precompiled_headers.counts),

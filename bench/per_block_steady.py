@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="per-block-steady-"))
 
 import torch  # noqa: E402
+from timing import median_s  # noqa: E402
 
 from farm.build.compile import compile_artifacts  # noqa: E402
 from farm.core.inputs import parse_inputs  # noqa: E402
@@ -59,14 +58,7 @@ def main() -> None:
 
     def median_ms(f: Any, x: torch.Tensor) -> float:
         with torch.no_grad():
-            for _ in range(5):
-                f(x)
-            times = []
-            for _ in range(args.calls):
-                t = time.perf_counter()
-                f(x)
-                times.append(time.perf_counter() - t)
-        return round(statistics.median(times) * 1e3, 3)
+            return round(median_s(lambda: f(x), calls=args.calls, warm_up=5) * 1e3, 3)
 
     got: dict[str, float] = {}
     for per_block in (False, True):
