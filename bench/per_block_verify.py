@@ -53,8 +53,6 @@ def job(per_block: bool) -> JobSpec:
 def explain_load(spec_json: str, path: str, device: str) -> None:
     """In a fresh process (this one): load ``path`` as a node would, with
     every Triton compile and bundle load printed."""
-    import torch
-
     from farm.core.modelref import build_real
     from farm.node.loader import load_artifact
 
@@ -106,7 +104,6 @@ def explain_load(spec_json: str, path: str, device: str) -> None:
     print(f"LOAD {time.perf_counter() - t0:.3f} s, {len(compiles)} Triton compiles", flush=True)
     for c in compiles:
         print("COMPILE", json.dumps(c), flush=True)
-    del torch
 
 
 def trace_build_kernels() -> list[dict[str, Any]]:

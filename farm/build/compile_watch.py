@@ -46,7 +46,8 @@ class CompileWatch:
     def __init__(self, cache_dir: str | None = None) -> None:
         self.cache_dir = cache_dir
         self.counts: dict[str, int] = {
-            "cpp_builds": 0, "triton_compiles": 0, "autotune_benchmarks": 0,
+            "cpp_builds": 0, "triton_compiles": 0, "triton_cache_loads": 0,
+            "autotune_benchmarks": 0,
         }
         self._restore: list[Callable[[], None]] = []
 
@@ -95,7 +96,6 @@ class CompileWatch:
         except Exception:  # not in this torch, or no triton
             return
         counts = self.counts
-        counts.setdefault("triton_cache_loads", 0)
 
         def binaries(autotuner: Any) -> int:
             root = triton_cache_dir(int(autotuner.triton_meta.get("device", 0) or 0))
