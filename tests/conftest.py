@@ -92,6 +92,14 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("FARM_AOTI_CHECK_CACHE", os.path.join(d, "aoti-check.json"))
     # And the precompiled headers compile workers fill (farm.build.pch).
     os.environ.setdefault("FARM_PCH_STORE", os.path.join(d, "pch"))
+    # And the compile cache (farm.build.compile_cache) its farms share, as
+    # several farms of one host can (FARM_COMPILE_CACHE_URL, a directory):
+    # the suite's farms build the same small models, and each farm compiled
+    # their kernels again (docs/testing.md, "How long it takes"). Builds still verify in a
+    # fresh process with an empty cache; a test of the cache's own keys and
+    # scopes passes a store of its own (tests/integration/test_compile_cache.py,
+    # test_projects_cache.py).
+    os.environ.setdefault("FARM_COMPILE_CACHE_URL", os.path.join(d, "compile-cache"))
     # And compiled bytecode, where a worker's Python keeps none (farm.build.bytecode).
     os.environ.setdefault("FARM_BYTECODE_CACHE", os.path.join(d, "pycache"))
     # Most farms a test starts build once or twice: a zygote's warm-up compile

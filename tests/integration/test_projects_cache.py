@@ -38,6 +38,7 @@ def _settings(tmp_path: Path, redis_url: str, db_url: str, scope: str | None) ->
         "database_url": db_url,
         "redis_url": redis_url,
         "farm_compile_cache": "redis",
+        "farm_compile_cache_url": "",  # the farm's Redis, not the session's shared directory
         "farm_compile_cache_prefix": f"farm:ccache:test-{uuid.uuid4().hex[:8]}",
     }
     if scope is not None:

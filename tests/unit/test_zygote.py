@@ -13,6 +13,7 @@ import pytest
 from farm.build import zygote
 from farm.build.isolation import Isolation
 from farm.build.sandbox import isolation_unavailable, run_isolated
+from tests.fixtures.builds import worker_child_env
 
 pytestmark = pytest.mark.skipif(isolation_unavailable() is not None,
                                 reason="no bubblewrap sandbox on this machine")
@@ -100,10 +101,15 @@ def probe(tmp_path: Path) -> Iterator[Path]:
     zygote.ZYGOTES.stop_all()
 
 
-def run(probe: Path, fn: str, **kw: object) -> object:
+def run(probe: Path, fn: str, *, as_a_worker: bool = True, **kw: object) -> object:
+    """``zprobe:fn`` in a sandboxed child; ``as_a_worker``: with what a
+    worker hands its children about the ISA (a zygote started without it
+    pays Inductor's ISA test compiles), else with nothing but the test's
+    variable (a fresh child then imports no torch at all)."""
+    env = {**(worker_child_env() if as_a_worker else {}), "ZYGOTE_TEST": "1"}
     res = run_isolated(f"zprobe:{fn}", {}, timeout_s=float(kw.pop("timeout_s", 120)),
                        memory_mb=3000, import_paths=[probe], isolation=Isolation(),
-                       env_extra={"ZYGOTE_TEST": "1"})
+                       env_extra=env)
     return res
 
 
@@ -170,7 +176,7 @@ def test_the_zygotes_grace_for_leftovers_is_not_the_childs_time(probe: Path) -> 
     limit = 8.0
     res = run_isolated("zprobe:late_daemon", {"sleep_s": limit - 1.0, "linger_s": 1.4},
                        timeout_s=limit, memory_mb=3000, import_paths=[probe],
-                       isolation=Isolation())
+                       isolation=Isolation(), env_extra=worker_child_env())
     assert res.ok and res.warm, (res.error, res.stderr_tail)
     assert run(probe, "look").ok and zygote_pid() == pid
 
@@ -191,7 +197,7 @@ def test_a_forked_child_refused_cuda_runs_again_fresh_and_later_ones_too(probe: 
         assert not res.ok and not res.warm, res
         assert "forked subprocess" in (res.error or "")
         assert zygote.ZYGOTES.disabled and zygote.ZYGOTES._by_key == {}
-        again = run(probe, "look")
+        again = run(probe, "look", as_a_worker=False)
         assert again.ok and not again.warm and not again.value["torch_loaded"]
     finally:
         zygote.ZYGOTES.disabled = False
@@ -203,7 +209,7 @@ def test_off_starts_every_child_fresh(probe: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("FARM_BUILD_ZYGOTE", "off")
     get_settings.cache_clear()
     try:
-        res = run(probe, "look")
+        res = run(probe, "look", as_a_worker=False)
         assert res.ok and not res.value["torch_loaded"]
         assert zygote.ZYGOTES._by_key == {}
     finally:
