@@ -92,6 +92,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("FARM_AOTI_CHECK_CACHE", os.path.join(d, "aoti-check.json"))
     # And the precompiled headers compile workers fill (farm.build.pch).
     os.environ.setdefault("FARM_PCH_STORE", os.path.join(d, "pch"))
+    # And a node's answer to which target it is (farm.node.local_target).
+    os.environ.setdefault("FARM_NODE_TARGET_CACHE", os.path.join(d, "node-target.json"))
     # And the compile cache (farm.build.compile_cache) its farms share, as
     # several farms of one host can (FARM_COMPILE_CACHE_URL, a directory):
     # the suite's farms build the same small models, and each farm compiled
