@@ -28,7 +28,7 @@ from farm.build.sandbox import (
     isolation_unavailable,
     run_isolated,
 )
-from tests.fixtures.builds import worker_child_env
+from farm.core.cpu_isa import isa_check_env
 from tests.sandbox_required import require_sandbox
 
 
@@ -196,15 +196,15 @@ def _probe_code(tmp_path: Path) -> Path:
 
 def test_limits_still_end_an_isolated_child(probe_dir: Path) -> None:
     # Each forks from a zygote of its own (the time-out retires the first):
-    # with the ISA answers a worker gives, neither zygote compiles Inductor's
-    # ISA tests at its start.
+    # with the ISA answers a worker gives its children (isa_check_env),
+    # neither zygote compiles Inductor's ISA tests at its start.
     res = run_isolated("isoprobe:hang", {}, timeout_s=3, memory_mb=2000,
                        import_paths=[probe_dir], isolation=Isolation(),
-                       env_extra=worker_child_env())
+                       env_extra=isa_check_env())
     assert res.timed_out and not res.ok, res
     res = run_isolated("isoprobe:hog", {}, timeout_s=120, memory_mb=400,
                        import_paths=[probe_dir], isolation=Isolation(),
-                       env_extra=worker_child_env())
+                       env_extra=isa_check_env())
     assert res.oom and not res.ok, res
     assert 400 <= res.peak_rss_mb < 1400, res.peak_rss_mb
 
@@ -212,7 +212,7 @@ def test_limits_still_end_an_isolated_child(probe_dir: Path) -> None:
 def test_an_exception_comes_back_from_an_isolated_child(probe_dir: Path) -> None:
     res = run_isolated("isoprobe:no_such_function", {}, timeout_s=60, memory_mb=2000,
                        import_paths=[probe_dir], isolation=Isolation(),
-                       env_extra=worker_child_env())
+                       env_extra=isa_check_env())
     assert not res.ok and res.error_type == "AttributeError", res
 
 

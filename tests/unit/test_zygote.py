@@ -13,7 +13,7 @@ import pytest
 from farm.build import zygote
 from farm.build.isolation import Isolation
 from farm.build.sandbox import isolation_unavailable, run_isolated
-from tests.fixtures.builds import worker_child_env
+from farm.core.cpu_isa import isa_check_env
 
 pytestmark = pytest.mark.skipif(isolation_unavailable() is not None,
                                 reason="no bubblewrap sandbox on this machine")
@@ -103,10 +103,11 @@ def probe(tmp_path: Path) -> Iterator[Path]:
 
 def run(probe: Path, fn: str, *, as_a_worker: bool = True, **kw: object) -> object:
     """``zprobe:fn`` in a sandboxed child; ``as_a_worker``: with what a
-    worker hands its children about the ISA (a zygote started without it
-    pays Inductor's ISA test compiles), else with nothing but the test's
-    variable (a fresh child then imports no torch at all)."""
-    env = {**(worker_child_env() if as_a_worker else {}), "ZYGOTE_TEST": "1"}
+    worker hands its children about the ISA (``isa_check_env``: a zygote
+    started without it runs Inductor's ISA test compiles, ten g++ runs, at
+    its start), else with nothing but the test's variable (a fresh child
+    then imports no torch at all)."""
+    env = {**(isa_check_env() if as_a_worker else {}), "ZYGOTE_TEST": "1"}
     res = run_isolated(f"zprobe:{fn}", {}, timeout_s=float(kw.pop("timeout_s", 120)),
                        memory_mb=3000, import_paths=[probe], isolation=Isolation(),
                        env_extra=env)
@@ -176,7 +177,7 @@ def test_the_zygotes_grace_for_leftovers_is_not_the_childs_time(probe: Path) -> 
     limit = 8.0
     res = run_isolated("zprobe:late_daemon", {"sleep_s": limit - 1.0, "linger_s": 1.4},
                        timeout_s=limit, memory_mb=3000, import_paths=[probe],
-                       isolation=Isolation(), env_extra=worker_child_env())
+                       isolation=Isolation(), env_extra=isa_check_env())
     assert res.ok and res.warm, (res.error, res.stderr_tail)
     assert run(probe, "look").ok and zygote_pid() == pid
 
