@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import slowdown
+from tests import machine_caches, slowdown
 from tests.slowdown import scaled
 
 pytest_plugins = [
@@ -83,27 +83,18 @@ def pytest_configure(config: pytest.Config) -> None:
     # Runs in the controller first, and xdist's workers inherit its
     # environment: what is set here is shared by the whole run.
     #
-    # The per-machine CPU ISA cache (farm.core.cpu_isa) of this test session, not
-    # the user's: shared with the workers and children the tests start, so the
-    # ISA is test-compiled once per session rather than once per process.
-    # Likewise farm.build.aoti_check's answer (a tiny AOTI build and load).
+    # The per-machine caches of this test session, not the user's: shared
+    # with the workers and children the tests start (tests/machine_caches.py).
     d = tempfile.mkdtemp(prefix="farm-test-machine-")
-    os.environ.setdefault("FARM_ISA_CACHE", os.path.join(d, "cpu-isa.json"))
-    os.environ.setdefault("FARM_AOTI_CHECK_CACHE", os.path.join(d, "aoti-check.json"))
-    # And the precompiled headers compile workers fill (farm.build.pch).
-    os.environ.setdefault("FARM_PCH_STORE", os.path.join(d, "pch"))
-    # And a node's answer to which target it is (farm.node.local_target).
-    os.environ.setdefault("FARM_NODE_TARGET_CACHE", os.path.join(d, "node-target.json"))
+    machine_caches.set_defaults(d)
     # And the compile cache (farm.build.compile_cache) its farms share, as
     # several farms of one host can (FARM_COMPILE_CACHE_URL, a directory):
     # the suite's farms build the same small models, and each farm compiled
-    # their kernels again (docs/testing.md, "How long it takes"). Builds still verify in a
-    # fresh process with an empty cache; a test of the cache's own keys and
-    # scopes passes a store of its own (tests/integration/test_compile_cache.py,
-    # test_projects_cache.py).
+    # their kernels again (docs/testing.md, "How long it takes"). Builds still
+    # verify in a fresh process with an empty cache; a test of the cache's own
+    # keys and scopes passes a store of its own
+    # (tests/integration/test_compile_cache.py, test_projects_cache.py).
     os.environ.setdefault("FARM_COMPILE_CACHE_URL", os.path.join(d, "compile-cache"))
-    # And compiled bytecode, where a worker's Python keeps none (farm.build.bytecode).
-    os.environ.setdefault("FARM_BYTECODE_CACHE", os.path.join(d, "pycache"))
     # Most farms a test starts build once or twice: a zygote's warm-up compile
     # (2 s of CPU each) costs them more than it saves (45 s of the suite on 2
     # cores, docs/testing.md). The farms that build many times keep the

@@ -53,16 +53,12 @@ from tests.fixtures.faults import (
     process_tree,
 )
 from tests.fixtures.s3 import wait_until_answering
+from tests.machine_caches import MACHINE_CACHES
 from tests.slowdown import scaled
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NODE = Path(__file__).with_name("node_check.py")
-# The test session's per-machine caches (tests/conftest.py), which every host
-# of this one machine keeps: without them each host's worker made the ISA pick
-# and filled precompiled headers under the user's ~/.cache/torch-farm.
-MACHINE_CACHES = ("FARM_ISA_CACHE", "FARM_AOTI_CHECK_CACHE", "FARM_PCH_STORE",
-                  "FARM_BYTECODE_CACHE", "FARM_NODE_TARGET_CACHE")
 # The hosts started with the farm; compile hosts come and go in the tests.
 HOSTS = ("api", "redis", "postgres", "s3", "trace", "node")
 PORTS = {"api": 8000, "redis": 6379, "postgres": 5432, "s3": 5000}
@@ -248,6 +244,9 @@ def hosts(
         keys = provision(home, db_url)
         # What every farm process reads (docker-compose.yml's x-farm-env):
         # the other hosts by address, nothing on this machine's loopback.
+        # The session's per-machine caches stay: every host of this one
+        # machine keeps them (without them each host's worker made the ISA
+        # pick and filled precompiled headers under ~/.cache/torch-farm).
         everyone = {
             **{k: v for k, v in os.environ.items()
                if not k.startswith("FARM_") or k in MACHINE_CACHES},
