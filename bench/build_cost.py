@@ -27,12 +27,15 @@ child forks from a warm build zygote, with its build directory in the
 zygote's slot, as a compile worker runs it (``farm.build.zygote``; the
 zygote's own start, once per worker process, is printed apart);
 ``--fresh`` starts every child as a new interpreter. ``--graph-check`` adds
-the fingerprint check a worker's child runs (a second trace). aot_compile only:
-AOTI packages are compiled in a fresh cache on purpose (reproducible bytes,
-farm.build.aoti_support) and so gain nothing.
+the fingerprint check a worker's child runs (a second trace). aot_compile
+only, unless ``--aoti``: each inference build makes the AOTI package too, as
+a worker does, and its seconds get a column of their own (a package comes
+from the cache where its exported program, configs and toolchain are the
+same: farm.build.aoti_cache).
 
     .venv/bin/python bench/build_cost.py                  # CPU
     .venv/bin/python bench/build_cost.py --fresh          # CPU, no warm child
+    .venv/bin/python bench/build_cost.py --aoti           # CPU, AOTI packages too
     .venv/bin/python bench/build_cost.py --device cuda    # the H200
 """
 
@@ -57,6 +60,7 @@ from farm.build.compile_cache import CacheSession, DirCacheStore, namespace  # n
 from farm.build.sandbox import build_isolation, run_isolated  # noqa: E402
 from farm.build.stage_times import describe  # noqa: E402
 from farm.build.steps import compile_env  # noqa: E402
+from farm.build.toolchain import compiler_for  # noqa: E402
 from farm.core.specs import JobSpec, build_key  # noqa: E402
 
 
@@ -75,7 +79,8 @@ def spec(*, layers: int, width: int, batch: int, changed: int = -1,
 
 def compile_once(job: JobSpec, *, device: str, store: DirCacheStore, ns: str,
                  work: Path, timeout_s: float, env: dict[str, str] | None = None,
-                 warm: bool = True, fingerprint: str | None = None) -> dict[str, Any]:
+                 warm: bool = True, fingerprint: str | None = None,
+                 aoti: bool = False) -> dict[str, Any]:
     work.mkdir(parents=True)
     cache = CacheSession(store, ns, work)
     cache.prefill()
@@ -83,7 +88,11 @@ def compile_once(job: JobSpec, *, device: str, store: DirCacheStore, ns: str,
     res = run_isolated(
         "farm.build.steps:compile_step",
         {"spec": job.to_json(), "device": device, "out_dir": str(work / "out"),
-         "aoti_unavailable": "bench/build_cost.py measures aot_compile",
+         # A worker's answers: whether AOTI builds here (None: it does), and
+         # which compiler its children run.
+         "aoti_unavailable": (None if aoti and job.grad_mode.value == "inference" else
+                              "bench/build_cost.py measures aot_compile"),
+         **({"cxx": compiler_for(device).cxx} if aoti else {}),
          **({"fingerprint": fingerprint} if fingerprint else {})},
         timeout_s=timeout_s, memory_mb=16000, env_extra={**compile_env(work), **(env or {})},
         isolation=build_isolation(writable=(str(work),), mode="auto"), warm=warm)
@@ -100,10 +109,15 @@ def compile_once(job: JobSpec, *, device: str, store: DirCacheStore, ns: str,
     torch_s = sum(float(a["meta"].get("compile_s") or 0) for a in res.value["artifacts"])
     aot_cache = ",".join(sorted({str(a["meta"].get("aot_autograd_cache", "-"))
                                  for a in res.value["artifacts"]}))
+    # The AOTI package's own seconds, and whether it came from the cache.
+    aoti = [a["meta"] for a in res.value["artifacts"] if a["format"] == "aoti"]
+    aoti_s = float(aoti[0].get("compile_s") or 0) if aoti else None
+    aoti_hit = bool(aoti and (aoti[0].get("package_cache") or {}).get("hit"))
     # Where the zygote's start went, when this child waited for it.
     phases = {k: v for k, v in res.zygote_start.items() if k != "total"}
     return {"s": wall, "torch_s": torch_s, "overhead_s": overhead, "warm": res.warm,
             "stages": res.stages, "aot_cache": aot_cache, "zygote_phases": phases,
+            "aoti_s": aoti_s, "aoti_hit": aoti_hit,
             **cache.stats}
 
 
@@ -139,6 +153,8 @@ def main() -> None:
     ap.add_argument("--graph-check", action="store_true",
                     help="pass each build's fingerprint, so the child checks its graph "
                          "(a second trace) as a worker's child does")
+    ap.add_argument("--aoti", action="store_true",
+                    help="inference builds make the AOTI package too, as a worker does")
     ap.add_argument("--timeout-s", type=float, default=1800)
     ap.add_argument("--out", type=Path, help="also write the table here")
     args = ap.parse_args()
@@ -187,7 +203,8 @@ def main() -> None:
         f"{' distinct=True' if args.distinct else ''}"
         f"{' options ' + str(options) if options else ''}",
         "# run: the compile step called directly (no farm servers), in sandboxed children, "
-        "with the worker's cache wiring over a directory store; aot_compile only",
+        "with the worker's cache wiring over a directory store; "
+        f"{'aot_compile and, for inference, AOTI' if args.aoti else 'aot_compile only'}",
         "# build s: the compile child's wall time; torch s: torch.compile's part of it; "
         f"precompiled headers {headers}; load average "
         f"{os.getloadavg()[0]:.1f} at the start",
@@ -195,7 +212,7 @@ def main() -> None:
         f"# children: {'new interpreters (--fresh)' if args.fresh else 'forked from a warm zygote'}"
         f"; graph check {'on' if args.graph_check else 'off'}",
         f"{'case':<32} {'build s':>8} {'vs cold':>8} {'torch s':>8} {'vs cold':>8} "
-        f"{'prefilled':>9} {'shared':>7}",
+        f"{'prefilled':>9} {'shared':>7}" + (f" {'aoti s':>8}" if args.aoti else ""),
     ]
     print("\n".join(lines), flush=True)
     work_root = None if args.fresh else zygote.work_dir()
@@ -208,11 +225,14 @@ def main() -> None:
             fp = fingerprint(job, timeout_s=args.timeout_s)[0] if args.graph_check else None
             r = compile_once(job, device=args.device, store=store, ns=ns,
                              work=Path(tmp) / f"b{i}", timeout_s=args.timeout_s, env=env,
-                             warm=not args.fresh, fingerprint=fp)
+                             warm=not args.fresh, fingerprint=fp, aoti=args.aoti)
             cold_s, cold_torch = cold_s or r["s"], cold_torch or r["torch_s"]
             line = (f"{name:<32} {r['s']:>8.1f} {r['s'] / cold_s:>8.0%} "
                     f"{r['torch_s']:>8.1f} {r['torch_s'] / cold_torch:>8.0%} "
                     f"{r['prefilled']:>9} {r['shared']:>7}")
+            if args.aoti:
+                line += (f" {'-':>8}" if r["aoti_s"] is None else
+                         f" {r['aoti_s']:>8.1f}{' (from the cache)' if r['aoti_hit'] else ''}")
             how = "warm" if r["warm"] else "fresh"
             split = (f"{'':4}{how} child, AOTAutograd cache {r['aot_cache']}: "
                      f"{describe(r['stages'])}")

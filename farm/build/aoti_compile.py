@@ -7,6 +7,7 @@ Split out of farm.build.compile; the body is as it was.
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from farm.build import aoti_cache
 from farm.build.aoti_support import (
-    _build_key,
     _FunctionModule,
     cxx_identity,
     portable_march,
@@ -138,11 +139,23 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         configs["max_autotune_gemm_backends"] = gemm_backends
 
     t0 = time.perf_counter()
-    with reproducible_cache_dir(_build_key(spec, device)), native_phase(
-            "compiling the AOTInductor package (torch aoti_compile_and_package)"):
-        torch._inductor.aoti_compile_and_package(
-            ep, package_path=str(path), inductor_configs=configs
-        )
+    # The same exported program compiled with the same configs and toolchain
+    # is the same package (farm.build.aoti_cache): an earlier build's, from
+    # the build's compile cache, or compiled here and kept there.
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    kept = Path(cache_dir()) / aoti_cache.CACHE_SUBDIR
+    key = aoti_cache.package_key(ep, configs, device, cxx_identity())
+    cached = aoti_cache.cached_package(kept, key)
+    if cached is not None:
+        shutil.copyfile(cached, path)
+    else:
+        with reproducible_cache_dir(key[:32]), native_phase(
+                "compiling the AOTInductor package (torch aoti_compile_and_package)"):
+            torch._inductor.aoti_compile_and_package(
+                ep, package_path=str(path), inductor_configs=configs
+            )
+        aoti_cache.keep_package(kept, key, path)
     lower_s = time.perf_counter() - t0
     linkage = package_linkage(path)
     if not linkage["links_shared_libstdcxx"]:
@@ -157,6 +170,9 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         "libstdcxx_needs": linkage["libstdcxx_needs"],
         "export_s": round(export_s, 3),
         "lower_s": round(lower_s, 3),
+        # Where the package came from: compiled by this build, or an earlier
+        # build's of the same program (farm.build.aoti_cache).
+        "package_cache": {"key": key, "hit": cached is not None},
         "constants": len(constants),
         "march": march or "native",
         "weights_in_package": False,

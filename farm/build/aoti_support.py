@@ -1,6 +1,7 @@
 """What the AOTInductor build (farm.build.aoti_compile.compile_aoti) stands on: the
 wrapper that makes a free function exportable, the compiler and the -march it
-records, and a reproducible Inductor cache directory per build.
+records, and a reproducible Inductor cache directory per package
+(``farm.build.aoti_cache`` names it).
 
 Split out of farm.build.compile; the bodies are as they were.
 """
@@ -8,7 +9,6 @@ Split out of farm.build.compile; the bodies are as they were.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -16,10 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
-
-from farm.core.specs import JobSpec, canonical_json
 
 # A portable -march per inductor ISA: code for the target ISA, not for the
 # exact CPU model of the build host (-march=native would let gcc use, say,
@@ -53,27 +50,14 @@ def portable_march(isa: str) -> str | None:
     return PORTABLE_MARCH.get(head)
 
 
-def _build_key(spec: JobSpec, device: torch.device) -> str:
-    # Name and version are left out: the same model under another name
-    # compiles to the same bytes.
-    what = {
-        "model": spec.model.to_json(),
-        "inputs": [str(s) for s in spec.inputs],
-        "grad_mode": spec.grad_mode.value,
-        "options": spec.options.to_json(),
-        "device": device.type,
-        "torch": torch.__version__,
-    }
-    return hashlib.sha256(canonical_json(what).encode()).hexdigest()[:20]
-
-
 @contextlib.contextmanager
 def reproducible_cache_dir(key: str) -> Iterator[Path]:
     """An empty Inductor cache at a path fixed by ``key``, for this block.
 
     AOTI packages hold the cache path (in debug info, and in "Compile cmd"
-    comments that a warm cache appends to the sources), so the same build in a
-    fresh cache at the same path gives the same bytes. A lock file makes
+    comments that a warm cache appends to the sources), so the same package
+    key (``farm.build.aoti_cache.package_key``) in a fresh cache at the same
+    path gives the same bytes. A lock file makes
     concurrent builds of the same key on one host take turns.
     """
     from filelock import FileLock

@@ -19,7 +19,9 @@ import pytest
 from farm.build.compile_cache import CacheSession, RedisCacheStore, namespace
 from farm.build.sandbox import build_isolation, run_isolated
 from farm.build.steps import compile_env
+from farm.build.toolchain import compiler_for
 from farm.build.verify import verify_artifact
+from farm.core.cpu_isa import isa_check_env
 from farm.core.specs import JobSpec
 from farm.core.target import detect_local_target
 from tests.integration.test_api import CPU, CPU_512, Api, _api
@@ -35,16 +37,23 @@ SPEC = JobSpec.from_json({
 
 
 def build(store: RedisCacheStore, ns: str, tmp: Path,
-          spec: JobSpec = SPEC) -> tuple[CacheSession, Any]:
-    """One compile the way workers.tasks._compile_and_store runs it."""
+          spec: JobSpec = SPEC, *, aoti: bool = False) -> tuple[CacheSession, Any]:
+    """One compile the way workers.tasks._compile_and_store runs it
+    (``aoti``: the AOTI package only, else aot_compile only)."""
     tmp.mkdir()
     cache = CacheSession(store, ns, tmp)
     cache.prefill()
+    # With the host's answers, as a worker gives them: its compiler, and
+    # Inductor's ISA test compiles already made.
+    payload: dict[str, Any] = {"spec": spec.to_json(), "device": "cpu",
+                               "out_dir": str(tmp / "out"), "cxx": compiler_for("cpu").cxx}
+    if aoti:
+        entry, payload["formats"] = "farm.build.compile:compile_job", ["aoti"]
+    else:
+        entry, payload["aoti_unavailable"] = "farm.build.steps:compile_step", "not under test"
     res = run_isolated(
-        "farm.build.steps:compile_step",
-        {"spec": spec.to_json(), "device": "cpu", "out_dir": str(tmp / "out"),
-         "aoti_unavailable": "not under test"},
-        timeout_s=scaled(600), memory_mb=6000, env_extra=compile_env(tmp),
+        entry, payload, timeout_s=scaled(600), memory_mb=6000,
+        env_extra={**compile_env(tmp), **isa_check_env()},
         isolation=build_isolation(writable=(str(tmp),), mode="auto"))
     return cache, res
 
@@ -178,6 +187,79 @@ def test_a_per_block_rebuild_compiles_only_the_changed_layer(
         report = verify_artifact(spec, a["path"], a["format"], device="cpu",
                                  timeout_s=scaled(600), memory_mb=6000)
         assert report.ok, report
+
+
+def aoti_spec(version: str, changed: int = -1) -> JobSpec:
+    return JobSpec.from_json({
+        "name": "cache-aoti", "version": version,
+        "model": {"entrypoint": "farm.zoo.stack:stack",
+                  "kwargs": {"layers": 2, "width": 16, "changed": changed}},
+        "inputs": ["float32[2,16]"]})
+
+
+@dataclasses.dataclass
+class KeptPackage:
+    spec: JobSpec
+    ns: str
+    entry: str  # its name in the store
+    sha256: str
+
+
+@pytest.fixture(scope="module")
+def kept_package(redis_url: str, build_tmp_factory: Any) -> KeptPackage:
+    """Version 1's AOTI package, compiled cold and harvested into a namespace."""
+    store = RedisCacheStore(redis_url)
+    ns = namespace("cpu/aoti", "0", prefix=f"farm:ccache:test-{uuid.uuid4().hex[:8]}")
+    spec = aoti_spec("1")
+    cache, res = build(store, ns, build_tmp_factory("aoti-cold") / "b", spec, aoti=True)
+    assert res.ok, res.error
+    (art,) = res.value["artifacts"]
+    assert art["meta"]["package_cache"]["hit"] is False, art["meta"]
+    cache.harvest()
+    (entry,) = [n for n in store.names(ns) if "/farm-aoti/" in n]
+    assert entry.endswith(f"/{art['meta']['package_cache']['key']}.pt2"), entry
+    return KeptPackage(spec, ns, entry, art["meta"]["sha256"])
+
+
+def test_a_new_version_of_the_same_graph_gets_its_aoti_package_from_the_cache(
+        store: RedisCacheStore, kept_package: KeptPackage, build_tmp: Path) -> None:
+    """AOTI packages are not cached by torch: without the farm's cache each
+    new build key compiled its package cold. Version 2, the same graph, takes
+    version 1's package: the same bytes a cold compile gave, and it passes
+    the fresh-process verification."""
+    spec = aoti_spec("2")
+    _, res = build(store, kept_package.ns, build_tmp / "v2", spec, aoti=True)
+    assert res.ok, res.error
+    (art,) = res.value["artifacts"]
+    assert art["meta"]["package_cache"]["hit"] is True, art["meta"]
+    assert art["meta"]["sha256"] == kept_package.sha256
+    report = verify_artifact(spec, art["path"], art["format"], device="cpu",
+                             timeout_s=scaled(600), memory_mb=6000)
+    assert report.ok, report
+
+
+def test_a_poisoned_aoti_package_is_stopped_by_the_fresh_process_verification(
+        store: RedisCacheStore, kept_package: KeptPackage, build_tmp: Path) -> None:
+    """Another model's package (one layer SiLU instead of GELU: the same
+    parameters, inputs and outputs, so it loads and runs) planted under
+    version 1's key: the build takes it, and the verification in a fresh
+    process against eager refuses it."""
+    prefix = f"farm:ccache:test-{uuid.uuid4().hex[:8]}"
+    _, res = build(store, namespace("cpu/other", "0", prefix=prefix), build_tmp / "other",
+                   aoti_spec("1", changed=0), aoti=True)
+    assert res.ok, res.error
+    (other,) = res.value["artifacts"]
+    poisoned = namespace("cpu/poisoned", "0", prefix=prefix)
+    store.put(poisoned, kept_package.entry, Path(other["path"]).read_bytes())
+    _, res = build(store, poisoned, build_tmp / "poisoned", kept_package.spec, aoti=True)
+    assert res.ok, res.error
+    (art,) = res.value["artifacts"]
+    assert art["meta"]["package_cache"]["hit"] is True, art["meta"]
+    assert art["meta"]["sha256"] == other["meta"]["sha256"]  # the planted bytes
+    report = verify_artifact(kept_package.spec, art["path"], art["format"], device="cpu",
+                             timeout_s=scaled(600), memory_mb=6000)
+    assert not report.ok
+    assert "max abs error" in (report.error or ""), report.error
 
 
 def _poison_aot_entry(data: bytes) -> bytes:
