@@ -132,6 +132,14 @@ def aoti_not_applicable(spec: JobSpec) -> str | None:
         # aot_eager build has no generated code to package.
         return (f"AOTI packages are Inductor builds; backend {spec.options.backend!r} "
                 "generates no code to package (use backend inductor for one)")
+    if spec.options.per_block:
+        # A package is one program of the whole model: every changed layer
+        # compiles all of it again (on CPU most of a build: its wrapper alone
+        # is an 8 s g++ run; bench/build_cost.py --aoti), which is what a
+        # per-block build is there to avoid.
+        return ("no AOTI package for a per_block job: a package is one program of the whole "
+                "model, compiled in full on every change, which per_block avoids; submit "
+                "without --per-block for one")
     return None
 
 
