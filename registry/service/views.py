@@ -3,6 +3,7 @@ artifacts, misses and counts."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -100,6 +101,9 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
             "param_bytes": job.param_bytes,
             "flops": job.flops,
             "trace_s": job.trace_s,
+            # Calls of repeated blocks (transformer layers) the trace found:
+            # what a per-block build compiles once per distinct block.
+            "repeated_blocks": _repeated_blocks(job.log),
             "error": job.error,
             "log": job.log,
             "submitted_by": job.submitted_by,
@@ -109,6 +113,16 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
             "updated_at": _iso(job.updated_at),
             "builds": builds,
         }
+
+
+def _repeated_blocks(log_text: str | None) -> int:
+    """The trace report's region calls; 0 where the job's log holds no
+    report (not traced yet, or its trace failed and the log is the error)."""
+    try:
+        report = json.loads(log_text or "")
+    except ValueError:
+        return 0
+    return int(report.get("regions") or 0) if isinstance(report, dict) else 0
 
 
 def _version_row(s: Session, name: str, ref: str | None) -> m.ModelVersion:
