@@ -168,28 +168,13 @@ def concise_error(text: Any) -> str:
     return short
 
 
-def per_block_hint(view: dict[str, Any]) -> str | None:
-    """Where a job's model has repeated blocks and it was not built per
-    block (and could be: static shapes), what ``--per-block`` would give."""
-    calls = int(view.get("repeated_blocks") or 0)
-    spec = view.get("spec") or {}
-    if calls < 2 or (spec.get("options") or {}).get("per_block"):
-        return None
-    if any(".." in str(i).split("{")[0] for i in spec.get("inputs") or []):
-        return None  # dynamic dimensions: per-block compiles exact shapes
-    return (f"{calls} calls of repeated blocks: --per-block compiles each distinct block once, "
-            "and a new version recompiles only the blocks it changes (aot_compile only, no "
-            "AOTI package)")
-
-
 def _job_lines(view: dict[str, Any], *, with_log: bool = False) -> list[str]:
     lines = [f"job {view.get('id')}  {view.get('model')}@{view.get('version')}  "
              f"{view.get('state')}"]
     if view.get("trace_s") is not None:
         lines.append(f"  traced in {view['trace_s']:.1f} s, {view.get('param_count') or 0:,} "
                      f"params")
-    hint = per_block_hint(view)
-    if hint:
+    for hint in view.get("hints") or []:  # the server's advice (farm.core.hints)
         lines.append(f"  hint: {hint}")
     if view.get("error"):
         lines.append(f"  error: {concise_error(view['error'])}")

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from farm.core.hints import per_block_hint
 from farm.core.inputs import TensorSpec, format_inputs
 from farm.core.specs import GradMode
 from farm.core.target import Target
@@ -89,6 +90,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
                     "artifacts": arts,
                 }
             )
+        repeated = _repeated_blocks(job.log)
         return {
             "id": job.id,
             "model": version.model.name,
@@ -103,7 +105,9 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
             "trace_s": job.trace_s,
             # Calls of repeated blocks (transformer layers) the trace found:
             # what a per-block build compiles once per distinct block.
-            "repeated_blocks": _repeated_blocks(job.log),
+            "repeated_blocks": repeated,
+            # What the user could do better, as lines of advice.
+            "hints": [h for h in (per_block_hint(repeated, job.spec or {}),) if h],
             "error": job.error,
             "log": job.log,
             "submitted_by": job.submitted_by,

@@ -17,7 +17,6 @@ from typing import Any
 import httpx
 import pytest
 
-from farm.app.console import per_block_hint
 from farm.core.target import detect_local_target
 from tests.fixtures.farm import ROOT, Farm
 from tests.fixtures.node import node_python
@@ -81,10 +80,12 @@ def test_keyword_and_dict_inputs_through_the_farm(farm: Farm) -> None:
     # The trace found the two decoder layers: `farm status` says what
     # --per-block would give (the per-block job below gets no such hint).
     assert llama["repeated_blocks"] == 2
+    hint = "2 calls of repeated blocks: --per-block compiles each distinct block once"
     status = farm_cli(farm, "status", llama_id)
     assert status.returncode == 0, status.stderr
-    assert ("hint: 2 calls of repeated blocks: --per-block compiles each distinct block once"
-            in status.stdout), status.stdout
+    assert f"hint: {hint}" in status.stdout, status.stdout
+    page = httpx.get(f"{farm.url}/ui/jobs/{llama_id}", headers=farm.headers, timeout=30)
+    assert page.status_code == 200 and hint in page.text, page.text[:3000]
     (dart,) = batch["builds"][0]["artifacts"]
     assert [o["output"] for o in dart["meta"]["verify"]["outputs"]] == [
         "output['hidden']", "output['score']"]
@@ -176,7 +177,7 @@ def test_per_block_compilation_through_the_farm(farm: Farm) -> None:
     assert {k: art["meta"]["per_block"][k] for k in ("blocks", "functions", "shared")} == {
         "blocks": 2, "functions": 1, "shared": 1}, art["meta"]
     assert art["meta"]["verify"]["outputs"][0]["ok"]
-    assert built["repeated_blocks"] == 2 and per_block_hint(built) is None
+    assert built["repeated_blocks"] == 2 and built["hints"] == []
     got = node(farm, "kw-llama-blocks", "hf_llama", LLAMA_INPUTS, "--pad", "2")
     assert got["type"] == "transformers.modeling_outputs.CausalLMOutputWithPast", got
     assert got["max_abs_err"] < 1e-4, got

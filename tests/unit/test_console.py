@@ -82,19 +82,3 @@ def test_tables_are_plain_columns_when_piped(capsys: pytest.CaptureFixture[str])
     assert "mlp" in out and "1, 2" in out
     assert "[odd]" in out  # markup in a value is printed, not interpreted
 
-
-def job(repeated: int, inputs: list[str], **options: object) -> dict[str, object]:
-    return {"repeated_blocks": repeated, "spec": {"inputs": inputs, "options": options}}
-
-
-def test_the_per_block_hint_is_given_where_per_block_could_be_used() -> None:
-    hint = console.per_block_hint(job(16, ["int64[1,64]"]))
-    assert hint is not None and hint.startswith("16 calls of repeated blocks: --per-block")
-    assert console.per_block_hint(job(16, ["int64[1,64]"], regional=True)) is not None
-    # Not where it is per-block already, has no repeated blocks, or has
-    # dynamic dimensions (a per-block build compiles exact shapes).
-    assert console.per_block_hint(job(16, ["int64[1,64]"], per_block=True)) is None
-    assert console.per_block_hint(job(0, ["int64[1,64]"])) is None
-    assert console.per_block_hint(job(16, ["int64[1,2..64]"])) is None
-    assert console.per_block_hint(job(16, ["int64[1,64]{0..31999}"])) is not None
-    assert console.per_block_hint({"state": "queued"}) is None
