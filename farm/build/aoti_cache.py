@@ -76,10 +76,14 @@ def toolchain(device: torch.device, cxx: str) -> dict[str, Any]:
     out: dict[str, Any] = {"torch": torch.__version__, "python": sys.version, "cxx": cxx,
                            "device": device.type}
     if device.type == "cuda":
-        import triton  # type: ignore[import-not-found,unused-ignore]
+        try:
+            import triton  # type: ignore[import-not-found,unused-ignore]
 
+            triton_version = str(triton.__version__)
+        except ImportError:  # Inductor's CUDA codegen needs it; the key must not
+            triton_version = "none"
         out.update(capability=list(torch.cuda.get_device_capability(device)),
-                   cuda=torch.version.cuda, triton=triton.__version__)
+                   cuda=torch.version.cuda, triton=triton_version)
     return out
 
 

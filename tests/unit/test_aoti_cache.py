@@ -9,9 +9,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
-from farm.build.aoti_cache import cached_package, graph_text, keep_package, package_key
+from farm.build.aoti_cache import (
+    cached_package,
+    graph_text,
+    keep_package,
+    package_key,
+    toolchain,
+)
 
 MODEL_SOURCE = """
 import torch
@@ -77,6 +84,19 @@ def test_what_the_package_is_compiled_from_changes_the_key(tmp_path: Path) -> No
         key(base, cxx="clang 16"),
     }
     assert len(keys) == 6
+
+
+def test_a_cuda_package_is_keyed_by_the_gpus_generation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ep = export(net_from(tmp_path / "cuda", "farm_test_net_cuda"))
+    cuda = torch.device("cuda")
+    keys = set()
+    for capability in ((9, 0), (8, 0)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, c=capability: c)
+        assert toolchain(cuda, "g++ 12")["capability"] == list(capability)
+        keys.add(package_key(ep, CONFIGS, cuda, "g++ 12"))
+    keys.add(package_key(ep, CONFIGS, CPU, "g++ 12"))
+    assert len(keys) == 3
 
 
 def test_a_kept_package_is_found_under_its_key_only(tmp_path: Path) -> None:
