@@ -29,15 +29,13 @@ fresh process before it is stored.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from farm.build.blocks import store_bytes
 from farm.core.specs import canonical_json
 
 CACHE_SUBDIR = "farm-aoti"
@@ -104,17 +102,10 @@ def cached_package(cache: Path, key: str) -> Path | None:
 
 
 def keep_package(cache: Path, key: str, package: Path) -> None:
-    """Copy ``package`` into ``cache`` under ``key`` (atomically: a second
-    build of the same key on this host may read it meanwhile)."""
-    cache.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
-    os.close(fd)
-    try:
-        shutil.copyfile(package, tmp)
-        os.replace(tmp, cache / f"{key}.pt2")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Copy ``package`` into ``cache`` under ``key``, atomically as a
+    per-block function is kept (the harvest, or a second build of the same
+    key on this host, may read it meanwhile)."""
+    store_bytes(cache / f"{key}.pt2", package.read_bytes())
 
 
 __all__ = ["CACHE_SUBDIR", "cached_package", "graph_text", "keep_package", "package_key",

@@ -278,7 +278,7 @@ def _function_for(out: BlockBuild, by_key: dict[str, list[int]], sources: dict[s
         out.compiled += 1
         if cache is not None:
             for key in keys:
-                _store(cache / key, data)
+                store_bytes(cache / key, data)
     for key in keys:
         if index not in by_key.setdefault(key, []):
             by_key[key].append(index)
@@ -355,8 +355,9 @@ def _saved_bytes(fn: Any) -> bytes:
         return path.read_bytes()
 
 
-def _store(path: Path, data: bytes) -> None:
-    # Atomic: a build beside this one (or the harvest) never reads half a file.
+def store_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a build beside this one (or the
+    worker's harvest) never reads half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
     with os.fdopen(fd, "wb") as fh:
@@ -365,4 +366,4 @@ def _store(path: Path, data: bytes) -> None:
 
 
 __all__ = ["CACHE_SUBDIR", "BlockBuild", "BlocksUnavailable", "block_key", "call_block",
-           "compile_blocks"]
+           "compile_blocks", "store_bytes"]

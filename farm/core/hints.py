@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from farm.core.inputs import parse_inputs
+
 
 def per_block_hint(repeated_blocks: int, spec: dict[str, Any]) -> str | None:
     """Where the trace found repeated blocks (transformer layers) and the job
@@ -14,7 +16,7 @@ def per_block_hint(repeated_blocks: int, spec: dict[str, Any]) -> str | None:
     (docs/benchmarks.md), which is the user's trade."""
     if repeated_blocks < 2 or (spec.get("options") or {}).get("per_block"):
         return None
-    if any(".." in str(i).split("{")[0] for i in spec.get("inputs") or []):
+    if any(t.dynamic_dims for t in parse_inputs(spec.get("inputs") or [])):
         return None  # dynamic dimensions: per-block compiles exact shapes
     return (f"{repeated_blocks} calls of repeated blocks: --per-block compiles each distinct "
             "block once, and a new version recompiles only the blocks it changes (aot_compile "
