@@ -197,6 +197,9 @@ class Job(Base):
     param_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     flops: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     trace_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Calls of repeated blocks (transformer layers) the trace found: where a
+    # per-block build would help (farm.core.hints). None: not traced yet.
+    repeated_blocks: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # The worker tracing it (its heartbeat id): the sweep re-sends the trace
     # as soon as that worker's heartbeat stops, not after the trace time limit.
     trace_worker: Mapped[str | None] = mapped_column(String(256), nullable=True)

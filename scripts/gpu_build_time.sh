@@ -52,7 +52,7 @@ run_cost() {   # NAME LIMIT_S [build_cost.py options]
     --out "$OUT/build_cost-cuda-$name.txt" >"$OUT/build_cost-cuda-$name.log" 2>&1
   stamp "build_cost $name rc=$?"
 }
-# BUILD_COST picks the cases, BUILD_COST= none (all three fit 600 s only
+# BUILD_COST picks the cases (full distinct regional per-block aoti), BUILD_COST= none (all three fit 600 s only
 # without the steps above).
 for c in ${BUILD_COST-full distinct regional}; do
   case $c in
@@ -60,6 +60,7 @@ for c in ${BUILD_COST-full distinct regional}; do
     distinct) run_cost distinct "${DISTINCT_S:-100}" --distinct;;
     regional) run_cost regional "${REGIONAL_S:-100}" --option regional=true;;
     per-block) run_cost per-block "${PER_BLOCK_S:-100}" --distinct --option per_block=true;;
+    aoti) run_cost aoti "${AOTI_S:-200}" --aoti;;   # the AOTI package too, and its cache
   esac
 done
 if [ "${ISA_CHECKS_S:-150}" != 0 ]; then   # ISA_CHECKS_S=0: not this time

@@ -282,6 +282,7 @@ def _apply_trace(s: Session, job: m.Job, report: dict[str, Any]) -> list[Compile
     job.param_bytes = report.get("param_bytes")
     job.flops = report.get("flops")
     job.trace_s = report.get("trace_s")
+    job.repeated_blocks = int(report.get("regions") or 0)
     job.log = _clip(canonical_json({k: v for k, v in report.items() if k != "fingerprint"}))
     job.state = "compiling"
     for b in job.builds:

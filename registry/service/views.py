@@ -3,7 +3,6 @@ artifacts, misses and counts."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -90,7 +89,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
                     "artifacts": arts,
                 }
             )
-        repeated = _repeated_blocks(job.log)
+        repeated = job.repeated_blocks or 0
         return {
             "id": job.id,
             "model": version.model.name,
@@ -118,15 +117,6 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
             "builds": builds,
         }
 
-
-def _repeated_blocks(log_text: str | None) -> int:
-    """The trace report's region calls; 0 where the job's log holds no
-    report (not traced yet, or its trace failed and the log is the error)."""
-    try:
-        report = json.loads(log_text or "")
-    except ValueError:
-        return 0
-    return int(report.get("regions") or 0) if isinstance(report, dict) else 0
 
 
 def _version_row(s: Session, name: str, ref: str | None) -> m.ModelVersion:

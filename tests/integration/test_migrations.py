@@ -250,3 +250,39 @@ def test_projects_migration_keeps_existing_data(empty_db_url: str) -> None:
     downgrade(empty_db_url, "0008")
     assert "projects" not in _tables(empty_db_url)
     upgrade(empty_db_url)
+
+
+def test_repeated_blocks_migration_reads_the_kept_trace_reports(empty_db_url: str) -> None:
+    """0013: a job whose log still holds its trace report gets the report's
+    region count; one whose log is an error, or that was never traced, none."""
+    upgrade(empty_db_url, "0012")
+    engine = make_engine(empty_db_url)
+    now = "2026-12-01 00:00:00"
+    try:
+        with engine.begin() as c:
+            c.execute(text("INSERT INTO models (id, name, project, created_at) VALUES "
+                           "(1, 'llama', 'default', :t)"), {"t": now})
+            c.execute(text("INSERT INTO model_versions (id, model_id, version, entrypoint, "
+                           "kwargs, kind, created_at) VALUES (1, 1, '1', 'farm.zoo.mlp:make',"
+                           " '{}', 'factory', :t)"), {"t": now})
+            for job_id, fingerprint, log in [
+                    ("traced", "f" * 64, '{"capture": "dynamo+regions", "regions": 16}'),
+                    ("failed-later", "f" * 64, "Traceback (most recent call last): ..."),
+                    ("queued", None, None)]:
+                c.execute(text("INSERT INTO jobs (id, version_id, spec, inputs, grad_mode, "
+                               "options, state, fingerprint, log, rebuild, created_at, "
+                               "updated_at) VALUES (:id, 1, '{}', 'x:float32[1]', 'inference', "
+                               "'{}', 'compiling', :fp, :log, false, :t, :t)"),
+                          {"id": job_id, "fp": fingerprint, "log": log, "t": now})
+    finally:
+        engine.dispose()
+
+    upgrade(empty_db_url)
+
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.connect() as c:
+            assert dict(c.execute(text("SELECT id, repeated_blocks FROM jobs")).all()) == {
+                "traced": 16, "failed-later": None, "queued": None}
+    finally:
+        engine.dispose()
