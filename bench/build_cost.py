@@ -84,16 +84,19 @@ def compile_once(job: JobSpec, *, device: str, store: DirCacheStore, ns: str,
     work.mkdir(parents=True)
     cache = CacheSession(store, ns, work)
     cache.prefill()
+    payload = {
+        "spec": job.to_json(), "device": device, "out_dir": str(work / "out"),
+        # A worker's answers: whether AOTI builds here (None: it does), and
+        # which compiler its children run (its first choice can take a minute
+        # on a GPU host: chosen before the clock starts, as a worker does at
+        # its start).
+        "aoti_unavailable": (None if aoti and job.grad_mode.value == "inference" else
+                             "bench/build_cost.py measures aot_compile"),
+        **({"cxx": compiler_for(device).cxx} if aoti else {}),
+        **({"fingerprint": fingerprint} if fingerprint else {})}
     t0 = time.perf_counter()
     res = run_isolated(
-        "farm.build.steps:compile_step",
-        {"spec": job.to_json(), "device": device, "out_dir": str(work / "out"),
-         # A worker's answers: whether AOTI builds here (None: it does), and
-         # which compiler its children run.
-         "aoti_unavailable": (None if aoti and job.grad_mode.value == "inference" else
-                              "bench/build_cost.py measures aot_compile"),
-         **({"cxx": compiler_for(device).cxx} if aoti else {}),
-         **({"fingerprint": fingerprint} if fingerprint else {})},
+        "farm.build.steps:compile_step", payload,
         timeout_s=timeout_s, memory_mb=16000, env_extra={**compile_env(work), **(env or {})},
         isolation=build_isolation(writable=(str(work),), mode="auto"), warm=warm)
     # The child's own wall time; what run_isolated spent before it (a
@@ -171,8 +174,7 @@ def main() -> None:
     t0 = time.perf_counter()
     filled = pch.fill_store()
     headers = ("off" if args.no_header_store else
-               f"from {pch.store_dir()} ({filled.get('skipped') or filled.get('error') or 'filled'}"
-               f" in {time.perf_counter() - t0:.1f} s, once per machine and toolchain)")
+               pch.describe_fill(filled, time.perf_counter() - t0))
 
     from farm.build import bytecode
 

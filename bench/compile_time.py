@@ -222,8 +222,7 @@ def main() -> None:
     t0 = time.perf_counter()
     filled = pch.fill_store()
     say("precompiled headers: " + ("off" if args.no_header_store else
-        f"from {pch.store_dir()} ({filled.get('skipped') or filled.get('error') or 'filled'} in "
-        f"{time.perf_counter() - t0:.1f} s, once per machine and toolchain, before the builds)"))
+        pch.describe_fill(filled, time.perf_counter() - t0) + ", before the builds"))
     from farm.build import bytecode
 
     say("bytecode for build children: " + bytecode.fill_now())

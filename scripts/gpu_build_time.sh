@@ -24,6 +24,7 @@ t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 . scripts/gpu_carried.sh
 use_carried_debs
+command -v bwrap >/dev/null || stamp "WARNING: no bwrap here: builds run unisolated, in fresh children (no zygote), unlike a worker's; carry .deb (scripts/gpu_check.sh says how)"
 install_carried_wheels .whl .whl-hf || exit 1
 # The compiler the GPU image's worker chooses (farm.build.toolchain picks
 # /usr/bin/g++ there; its full choice costs about a minute and these

@@ -166,6 +166,15 @@ def _own(top: Path, uid: int) -> None:
 
 
 
+def describe_fill(filled: Mapping[str, Any], seconds: float) -> str:
+    """One line for a benchmark's header: where the headers came from, or
+    why there are none (``fill_store``'s answer, and how long it took)."""
+    if "error" in filled:
+        return f"none: the fill failed after {seconds:.1f} s ({filled['error']})"
+    return (f"from {store_dir()} ({filled.get('skipped') or 'filled'} in {seconds:.1f} s, "
+            "once per machine and toolchain)")
+
+
 def fill_in_background(store: Path | None = None) -> threading.Thread | None:
     """``fill_store`` on a daemon thread (once per store in this process):
     builds run meanwhile, compiling without the header until it is there."""
