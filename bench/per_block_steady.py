@@ -1,5 +1,6 @@
 """Per-call time of a per-block artifact against a full-graph one, and what
-its guard checks cost (CPU): the farm's plain-torch Llama, 16 layers.
+its guard checks cost: the farm's plain-torch Llama, 16 layers, on CPU or
+(``--device cuda``) a GPU, where each timed call ends with a synchronize.
 
 Builds ``farm.zoo.llama:llama`` both ways in this process (aot_compile,
 ``--kind inference``: a forward under no_grad, or ``training``: a forward
@@ -14,7 +15,7 @@ process's load moves a single timing by tens of percent, and interleaved
 rounds see the same load.
 
     .venv/bin/python bench/per_block_steady.py [--kind training] [--calls 100] [--rounds 5]
-        [--dim 128] [--out FILE]
+        [--dim 128] [--device cuda] [--out FILE]
 """
 
 from __future__ import annotations
@@ -54,8 +55,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dim", type=int, default=KWARGS["dim"],
                     help="the model's width (heads: dim/32, FFN: dim*11/4)")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    device = args.device
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     grad_mode = GradMode(args.kind)
     training = grad_mode is GradMode.TRAINING
 
@@ -69,7 +73,7 @@ def main() -> None:
                        grad_mode=grad_mode, options=CompileOptions(per_block=per_block))
 
     def model(s: JobSpec) -> Any:
-        m = build_real(s.model, device="cpu", seed=0)
+        m = build_real(s.model, device=device, seed=0)
         apply_grad_mode(m, s.grad_mode)
         return m
 
@@ -77,17 +81,19 @@ def main() -> None:
         if not training:
             with torch.no_grad():
                 f(x)
+            sync()
             return
         y = f(x)
         (y if isinstance(y, torch.Tensor) else y[0]).float().sum().backward()
         for p in m.parameters():
             p.grad = None
+        sync()
 
     variants: dict[str, Any] = {}  # name -> a call of one step
     for per_block in (False, True):
         s = spec(per_block)
-        (art,) = compile_artifacts(s, "cpu", Path(tempfile.mkdtemp()), formats=["aot_compile"])
-        (x,) = example_inputs(s.inputs, device="cpu", mark_dynamic=False)
+        (art,) = compile_artifacts(s, device, Path(tempfile.mkdtemp()), formats=["aot_compile"])
+        (x,) = example_inputs(s.inputs, device=device, mark_dynamic=False)
         name = "per-block" if per_block else "full graph"
         m = model(s)
         fn = load_artifact(art.path, "aot_compile", module=m, trust_unverified=True)
@@ -98,7 +104,7 @@ def main() -> None:
                                 trust_unverified=True, disable_guard_check=True)
             variants["per-block, guard checks off"] = lambda f=off, m=m_off, x=x: step(f, m, x)
     eager_model = model(spec(False))
-    (x,) = example_inputs(spec(False).inputs, device="cpu", mark_dynamic=False)
+    (x,) = example_inputs(spec(False).inputs, device=device, mark_dynamic=False)
     variants["eager"] = lambda: step(eager_model, eager_model, x)
 
     rounds: dict[str, list[float]] = {name: [] for name in variants}
@@ -109,7 +115,8 @@ def main() -> None:
     ratios = sorted(b / a - 1 for a, b in zip(rounds["full graph"], rounds["per-block"],
                                                 strict=True))
     line = (f"per_block_steady: farm.zoo.llama 16 layers dim {args.dim}, int64[1,64], "
-            f"{args.kind}, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"{args.kind}, {_where(device)}, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, "
             f"{args.rounds} rounds of the median of {args.calls} calls, load average "
             f"{os.getloadavg()[0]:.1f} at the end; ms: {json.dumps(got)}; per-block against "
             f"the full graph by round: median {statistics.median(ratios):+.1%}, lowest "
@@ -117,6 +124,12 @@ def main() -> None:
     print(line)
     if args.out:
         args.out.write_text(line + "\n")
+
+
+def _where(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return "CPU"
 
 
 if __name__ == "__main__":

@@ -38,6 +38,17 @@ if [ "${TRAIN_LOAD_S:-150}" != 0 ]; then   # TRAIN_LOAD_S=0: not this time
     >"$OUT/cuda_train_load.log" 2>&1
   stamp "cuda_train_load rc=$?"
 fi
+# STEADY_S: bench/per_block_steady.py (per-block against the full graph per
+# call, interleaved in one process) for each of STEADY_KINDS, each limited
+# to STEADY_S seconds; off unless set.
+for k in ${STEADY_KINDS:-inference training}; do
+  [ "${STEADY_S:-0}" != 0 ] || break
+  stamp "per_block_steady $k"
+  timeout "$STEADY_S" python3 bench/per_block_steady.py --device cuda --kind "$k" \
+    --rounds "${STEADY_ROUNDS:-7}" --calls "${STEADY_CALLS:-100}" \
+    --out "$OUT/per_block_steady-cuda-$k.txt" >"$OUT/per_block_steady-cuda-$k.log" 2>&1
+  stamp "per_block_steady $k rc=$?"
+done
 if [ "${COMPILE_TIME_S:-190}" != 0 ]; then   # COMPILE_TIME_S=0: not this time
   stamp "compile_time"
   # COMPILE_TIME_ARGS: more options, e.g. "--kinds inference --modes regional,per_block".
@@ -70,6 +81,6 @@ if [ "${ISA_CHECKS_S:-150}" != 0 ]; then   # ISA_CHECKS_S=0: not this time
     --out "$OUT/isa_checks.txt" >"$OUT/isa_checks.log" 2>&1
   stamp "isa_checks rc=$?"
 fi
-for f in "$OUT"/isa_checks.txt "$OUT"/cuda_train_load.txt "$OUT"/compile_time-cuda.txt "$OUT"/build_cost-cuda-*.txt; do
+for f in "$OUT"/per_block_steady-cuda-*.txt "$OUT"/isa_checks.txt "$OUT"/cuda_train_load.txt "$OUT"/compile_time-cuda.txt "$OUT"/build_cost-cuda-*.txt; do
   [ -f "$f" ] && { echo "== $f"; cat "$f"; }
 done
