@@ -4,15 +4,17 @@ database that is not at head."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from pprint import pformat
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import UniqueConstraint, inspect, text
+from sqlalchemy import Connection, UniqueConstraint, inspect, text
 
 from registry import db as dbmod
 from registry.db import (
@@ -32,6 +34,18 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_TABLES = set(Base.metadata.tables)
+
+
+@contextlib.contextmanager
+def _connection(url: str, *, write: bool = False) -> Iterator[Connection]:
+    """A connection to ``url`` (in a transaction committed at the end when
+    ``write``), its engine disposed after."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() if write else engine.connect() as c:
+            yield c
+    finally:
+        engine.dispose()
 
 
 def _tables(url: str) -> set[str]:
@@ -191,61 +205,53 @@ def test_projects_migration_keeps_existing_data(empty_db_url: str) -> None:
     ``default`` project; tokens that could write keep writing there; an alias
     a version shadowed is renamed, and the history says so."""
     upgrade(empty_db_url, "0008")
-    engine = make_engine(empty_db_url)
     now = "2026-12-01 00:00:00"
-    try:
-        with engine.begin() as c:
-            for i, (name, role, revoked) in enumerate([
-                    ("fleet", "read", False), ("ci", "submit", False), ("ops", "admin", False),
-                    ("gone", "submit", True), ("ci", "read", False)]):
-                c.execute(text("INSERT INTO api_tokens (name, token_hash, role, revoked, "
-                               "created_at) VALUES (:n, :h, :r, :rv, :t)"),
-                          {"n": name, "h": f"{i:064d}", "r": role, "rv": revoked, "t": now})
-            c.execute(text("INSERT INTO models (id, name, created_at) VALUES "
-                           "(1, 'payments', :t), (2, 'tiny', :t)"), {"t": now})
-            for vid, mid, version in [(1, 1, "1"), (2, 1, "2"), (3, 2, "1")]:
-                c.execute(text("INSERT INTO model_versions (id, model_id, version, entrypoint, "
-                               "kwargs, kind, created_at) VALUES (:id, :m, :v, 'farm.zoo.mlp:make',"
-                               " '{}', 'factory', :t)"), {"id": vid, "m": mid, "v": version,
-                                                          "t": now})
-            # "prod" is a plain alias; "2" is shadowed by version 2 (dead, and the
-            # takeover the issue describes).
-            for aid, name, vid in [(1, "prod", 1), (2, "2", 1)]:
-                c.execute(text("INSERT INTO aliases (id, model_id, name, version_id, updated_at) "
-                               "VALUES (:id, 1, :n, :v, :t)"), {"id": aid, "n": name, "v": vid,
-                                                               "t": now})
-            c.execute(text("INSERT INTO name_bindings (model, kind, ref, version, envelope, "
-                           "issued_at) VALUES ('payments', 'alias', '2', '1', '{}', :t), "
-                           "('payments', 'alias', 'prod', '1', '{}', :t)"), {"t": now})
-    finally:
-        engine.dispose()
+    with _connection(empty_db_url, write=True) as c:
+        for i, (name, role, revoked) in enumerate([
+                ("fleet", "read", False), ("ci", "submit", False), ("ops", "admin", False),
+                ("gone", "submit", True), ("ci", "read", False)]):
+            c.execute(text("INSERT INTO api_tokens (name, token_hash, role, revoked, "
+                           "created_at) VALUES (:n, :h, :r, :rv, :t)"),
+                      {"n": name, "h": f"{i:064d}", "r": role, "rv": revoked, "t": now})
+        c.execute(text("INSERT INTO models (id, name, created_at) VALUES "
+                       "(1, 'payments', :t), (2, 'tiny', :t)"), {"t": now})
+        for vid, mid, version in [(1, 1, "1"), (2, 1, "2"), (3, 2, "1")]:
+            c.execute(text("INSERT INTO model_versions (id, model_id, version, entrypoint, "
+                           "kwargs, kind, created_at) VALUES (:id, :m, :v, 'farm.zoo.mlp:make',"
+                           " '{}', 'factory', :t)"), {"id": vid, "m": mid, "v": version,
+                                                      "t": now})
+        # "prod" is a plain alias; "2" is shadowed by version 2 (dead, and the
+        # takeover the issue describes).
+        for aid, name, vid in [(1, "prod", 1), (2, "2", 1)]:
+            c.execute(text("INSERT INTO aliases (id, model_id, name, version_id, updated_at) "
+                           "VALUES (:id, 1, :n, :v, :t)"), {"id": aid, "n": name, "v": vid,
+                                                           "t": now})
+        c.execute(text("INSERT INTO name_bindings (model, kind, ref, version, envelope, "
+                       "issued_at) VALUES ('payments', 'alias', '2', '1', '{}', :t), "
+                       "('payments', 'alias', 'prod', '1', '{}', :t)"), {"t": now})
 
     upgrade(empty_db_url)
 
-    engine = make_engine(empty_db_url)
-    try:
-        with engine.connect() as c:
-            assert c.execute(text("SELECT name, project FROM models ORDER BY id")).all() == [
-                ("payments", "default"), ("tiny", "default")]
-            assert c.execute(text("SELECT count(*) FROM model_versions")).scalar() == 3
-            assert c.execute(text("SELECT count(*) FROM api_tokens")).scalar() == 5
-            roles = c.execute(text("SELECT project, principal, role FROM project_roles "
-                                   "ORDER BY principal")).all()
-            # fleet (read only) stays a farm-wide reader: no role; a revoked token none.
-            assert roles == [("default", "ci", "maintainer"), ("default", "ops", "owner")]
-            aliases = c.execute(text("SELECT a.name, v.version FROM aliases a JOIN "
-                                     "model_versions v ON v.id = a.version_id "
-                                     "ORDER BY a.name")).all()
-            assert aliases == [("2-alias", "1"), ("prod", "1")]
-            assert c.execute(text("SELECT ref FROM name_bindings WHERE kind = 'alias'")
-                             ).scalars().all() == ["prod"]
-            events = c.execute(text("SELECT alias, version, previous, actor FROM alias_events "
-                                    "ORDER BY id")).all()
-            assert [(a, v, p) for a, v, p, _ in events] == [("2", None, "1"),
-                                                             ("2-alias", "1", None)]
-            assert "shadowed by version '2'" in events[0][3]
-    finally:
-        engine.dispose()
+    with _connection(empty_db_url) as c:
+        assert c.execute(text("SELECT name, project FROM models ORDER BY id")).all() == [
+            ("payments", "default"), ("tiny", "default")]
+        assert c.execute(text("SELECT count(*) FROM model_versions")).scalar() == 3
+        assert c.execute(text("SELECT count(*) FROM api_tokens")).scalar() == 5
+        roles = c.execute(text("SELECT project, principal, role FROM project_roles "
+                               "ORDER BY principal")).all()
+        # fleet (read only) stays a farm-wide reader: no role; a revoked token none.
+        assert roles == [("default", "ci", "maintainer"), ("default", "ops", "owner")]
+        aliases = c.execute(text("SELECT a.name, v.version FROM aliases a JOIN "
+                                 "model_versions v ON v.id = a.version_id "
+                                 "ORDER BY a.name")).all()
+        assert aliases == [("2-alias", "1"), ("prod", "1")]
+        assert c.execute(text("SELECT ref FROM name_bindings WHERE kind = 'alias'")
+                         ).scalars().all() == ["prod"]
+        events = c.execute(text("SELECT alias, version, previous, actor FROM alias_events "
+                                "ORDER BY id")).all()
+        assert [(a, v, p) for a, v, p, _ in events] == [("2", None, "1"),
+                                                         ("2-alias", "1", None)]
+        assert "shadowed by version '2'" in events[0][3]
 
     downgrade(empty_db_url, "0008")
     assert "projects" not in _tables(empty_db_url)
@@ -256,33 +262,25 @@ def test_repeated_blocks_migration_reads_the_kept_trace_reports(empty_db_url: st
     """0013: a job whose log still holds its trace report gets the report's
     region count; one whose log is an error, or that was never traced, none."""
     upgrade(empty_db_url, "0012")
-    engine = make_engine(empty_db_url)
     now = "2026-12-01 00:00:00"
-    try:
-        with engine.begin() as c:
-            c.execute(text("INSERT INTO models (id, name, project, created_at) VALUES "
-                           "(1, 'llama', 'default', :t)"), {"t": now})
-            c.execute(text("INSERT INTO model_versions (id, model_id, version, entrypoint, "
-                           "kwargs, kind, created_at) VALUES (1, 1, '1', 'farm.zoo.mlp:make',"
-                           " '{}', 'factory', :t)"), {"t": now})
-            for job_id, fingerprint, log in [
-                    ("traced", "f" * 64, '{"capture": "dynamo+regions", "regions": 16}'),
-                    ("failed-later", "f" * 64, "Traceback (most recent call last): ..."),
-                    ("queued", None, None)]:
-                c.execute(text("INSERT INTO jobs (id, version_id, spec, inputs, grad_mode, "
-                               "options, state, fingerprint, log, rebuild, created_at, "
-                               "updated_at) VALUES (:id, 1, '{}', 'x:float32[1]', 'inference', "
-                               "'{}', 'compiling', :fp, :log, false, :t, :t)"),
-                          {"id": job_id, "fp": fingerprint, "log": log, "t": now})
-    finally:
-        engine.dispose()
+    with _connection(empty_db_url, write=True) as c:
+        c.execute(text("INSERT INTO models (id, name, project, created_at) VALUES "
+                       "(1, 'llama', 'default', :t)"), {"t": now})
+        c.execute(text("INSERT INTO model_versions (id, model_id, version, entrypoint, "
+                       "kwargs, kind, created_at) VALUES (1, 1, '1', 'farm.zoo.mlp:make',"
+                       " '{}', 'factory', :t)"), {"t": now})
+        for job_id, fingerprint, log in [
+                ("traced", "f" * 64, '{"capture": "dynamo+regions", "regions": 16}'),
+                ("failed-later", "f" * 64, "Traceback (most recent call last): ..."),
+                ("queued", None, None)]:
+            c.execute(text("INSERT INTO jobs (id, version_id, spec, inputs, grad_mode, "
+                           "options, state, fingerprint, log, rebuild, created_at, "
+                           "updated_at) VALUES (:id, 1, '{}', 'x:float32[1]', 'inference', "
+                           "'{}', 'compiling', :fp, :log, false, :t, :t)"),
+                      {"id": job_id, "fp": fingerprint, "log": log, "t": now})
 
     upgrade(empty_db_url)
 
-    engine = make_engine(empty_db_url)
-    try:
-        with engine.connect() as c:
-            assert dict(c.execute(text("SELECT id, repeated_blocks FROM jobs")).all()) == {
-                "traced": 16, "failed-later": None, "queued": None}
-    finally:
-        engine.dispose()
+    with _connection(empty_db_url) as c:
+        assert dict(c.execute(text("SELECT id, repeated_blocks FROM jobs")).all()) == {
+            "traced": 16, "failed-later": None, "queued": None}
