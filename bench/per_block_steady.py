@@ -15,7 +15,7 @@ process's load moves a single timing by tens of percent, and interleaved
 rounds see the same load.
 
     .venv/bin/python bench/per_block_steady.py [--kind training] [--calls 100] [--rounds 5]
-        [--dim 128] [--device cuda] [--out FILE]
+        [--dim 128] [--device cuda] [--profile CALLS] [--out FILE]
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=KWARGS["dim"],
                     help="the model's width (heads: dim/32, FFN: dim*11/4)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                    help="afterwards, profile CALLS per-block calls (cProfile) and print where "
+                         "their Python time went")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     device = args.device
@@ -124,6 +127,23 @@ def main() -> None:
     print(line)
     if args.out:
         args.out.write_text(line + "\n")
+    if args.profile:
+        profile(variants["per-block"], args.profile)
+
+
+def profile(call: Any, calls: int) -> None:
+    """Where ``calls`` calls of ``call`` spend their time, by function (own
+    time): what a block call adds on top of its kernels (guard checks,
+    argument binding, AOTAutograd's wrapper)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
 def _where(device: str) -> str:
