@@ -64,8 +64,8 @@ run_cost() {   # NAME LIMIT_S [build_cost.py options]
     --out "$OUT/build_cost-cuda-$name.txt" >"$OUT/build_cost-cuda-$name.log" 2>&1
   stamp "build_cost $name rc=$?"
 }
-# BUILD_COST picks the cases (full distinct regional per-block aoti), BUILD_COST= none (all three fit 600 s only
-# without the steps above).
+# BUILD_COST picks the cases (full distinct regional per-block aoti; the
+# default's three fit 600 s only without the steps above), BUILD_COST= none.
 for c in ${BUILD_COST-full distinct regional}; do
   case $c in
     full) run_cost full "${FULL_S:-110}";;

@@ -164,8 +164,6 @@ def _own(top: Path, uid: int) -> None:
                 os.chmod(p, 0o644)
 
 
-
-
 def describe_fill(filled: Mapping[str, Any], seconds: float) -> str:
     """One line for a benchmark's header: where the headers came from, or
     why there are none (``fill_store``'s answer, and how long it took)."""

@@ -30,11 +30,9 @@ def upgrade() -> None:
         batch.add_column(sa.Column("repeated_blocks", sa.Integer(), nullable=True))
     bind = op.get_bind()
     rows = bind.execute(sa.text("SELECT id, log FROM jobs WHERE fingerprint IS NOT NULL")).all()
-    for job_id, log in rows:
-        n = _regions(log)
-        if n is not None:
-            bind.execute(sa.text("UPDATE jobs SET repeated_blocks = :n WHERE id = :id"),
-                         {"n": n, "id": job_id})
+    counts = [{"n": n, "id": job_id} for job_id, log in rows if (n := _regions(log)) is not None]
+    if counts:  # one executemany, not a statement per job
+        bind.execute(sa.text("UPDATE jobs SET repeated_blocks = :n WHERE id = :id"), counts)
 
 
 def _regions(log: str | None) -> int | None:

@@ -118,7 +118,6 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
         }
 
 
-
 def _version_row(s: Session, name: str, ref: str | None) -> m.ModelVersion:
     model = model_row(s, name)
     if ref is None:

@@ -49,11 +49,8 @@ def _connection(url: str, *, write: bool = False) -> Iterator[Connection]:
 
 
 def _tables(url: str) -> set[str]:
-    engine = make_engine(url)
-    try:
-        return set(inspect(engine).get_table_names())
-    finally:
-        engine.dispose()
+    with _connection(url) as c:
+        return set(inspect(c).get_table_names())
 
 
 def test_upgrade_downgrade_upgrade(empty_db_url: str) -> None:
