@@ -85,13 +85,17 @@ def toolchain(device: torch.device, cxx: str) -> dict[str, Any]:
     return out
 
 
-def package_key(ep: Any, configs: dict[str, Any], device: torch.device, cxx: str) -> str:
+def package_key(ep: Any, configs: dict[str, Any], device: torch.device, cxx: str, *,
+                header_store: str | None = None) -> str:
+    """``header_store``: the precompiled-header store the wrapper is
+    compiled with (its path is in the package's compile command)."""
     what = {
         "version": KEY_VERSION,
         "graph": hashlib.sha256(graph_text(ep).encode()).hexdigest(),
         # repr, not JSON: configs may hold values JSON has no form for.
         "configs": repr(sorted((k, repr(v)) for k, v in configs.items())),
         "toolchain": toolchain(device, cxx),
+        "header_store": header_store,
     }
     return hashlib.sha256(canonical_json(what).encode()).hexdigest()
 

@@ -24,6 +24,8 @@ from farm.build.aoti_support import (
 )
 from farm.build.compile_common import AOTIUnsupported, mode_options
 from farm.build.crash_site import native_phase
+from farm.build.toolchain import inductor_compiler
+from farm.core import precompiled_headers
 from farm.core.cpu_isa import detect_cpu_isa
 from farm.core.elf import package_linkage
 from farm.core.inputs import call_args
@@ -32,7 +34,11 @@ from farm.core.specs import GradMode, JobSpec, canonical_json
 from farm.node.loader import AOTI_META_KEY, _describe
 
 
-def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) -> dict[str, Any]:
+def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
+                 headers: bool | None = None) -> dict[str, Any]:
+    """``spec``'s AOTI package at ``path``. ``headers``: compile the wrapper
+    with a precompiled header (None: where this machine's store holds AOTI's
+    headers; True: the store's fill, which builds them)."""
     if spec.grad_mode is not GradMode.INFERENCE:
         raise AOTIUnsupported("AOTI packages are inference-only")
     module = model if isinstance(model, nn.Module) else _FunctionModule(model)
@@ -120,10 +126,18 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         "aot_inductor.metadata": {AOTI_META_KEY: canonical_json(farm_meta)},
     }
     inductor_config = torch._inductor.config
+    header_store = (precompiled_headers.aoti_store(inductor_compiler()) if device.type == "cpu"
+                    else None)
     if hasattr(inductor_config.aot_inductor, "precompile_headers"):
-        # A fresh cache per build would rebuild the precompiled header every
-        # time (measured: 53 s against 24-30 s without it for a small MLP).
-        configs["aot_inductor.precompile_headers"] = False
+        # The wrapper's header (its g++ run is most of a CPU package:
+        # bench/aoti_header.py, 8.5 s against 5.9 s) comes from this
+        # machine's read-only store, which the worker fills
+        # (farm.build.pch); never built here: a fresh cache per build would
+        # build it every time (53 s against 24-30 s for a small MLP). Whether
+        # it is used changes the package's bytes (its compile command), so
+        # the package's key holds it.
+        configs["aot_inductor.precompile_headers"] = (
+            header_store is not None if headers is None else headers)
     if march and hasattr(inductor_config.cpp, "march"):
         configs["cpp.march"] = march
     configs.update(mode_options(spec.options.mode))
@@ -145,7 +159,7 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     kept = Path(cache_dir()) / aoti_cache.CACHE_SUBDIR
-    key = aoti_cache.package_key(ep, configs, device, cxx_identity())
+    key = aoti_cache.package_key(ep, configs, device, cxx_identity(), header_store=header_store)
     cached = aoti_cache.cached_package(kept, key)
     if cached is not None:
         shutil.copyfile(cached, path)
@@ -173,6 +187,8 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path) ->
         # Where the package came from: compiled by this build, or an earlier
         # build's of the same program (farm.build.aoti_cache).
         "package_cache": {"key": key, "hit": cached is not None},
+        # The wrapper compiled with the store's precompiled header.
+        "precompiled_header": bool(configs.get("aot_inductor.precompile_headers")),
         "constants": len(constants),
         "march": march or "native",
         "weights_in_package": False,

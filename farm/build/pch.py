@@ -34,9 +34,11 @@ How:
   so its kernels' keys match the shipped ones and it never builds the 150 MB
   header at load (``farm.node.bundle.adopt_header_precompile``).
 
-AOTInductor packages keep torch's header precompile off
-(``farm.build.aoti_compile``): their bytes are built in a fresh cache and
-must not depend on what the store holds.
+AOTInductor packages take their wrapper's header from the store too, once
+the fill compiled a sample package with it (``AOTI_MARKER``): before that
+they compile without one. Whether a package used it is part of its key
+(``farm.build.aoti_cache``), since its compile command (in the package)
+names the header.
 
     python -m farm.build.pch        # fill this machine's store now, print it
 """
@@ -46,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -55,10 +58,13 @@ from pathlib import Path
 from typing import Any
 
 from farm.build import background
-from farm.core.precompiled_headers import CHILD_ENV, install
+from farm.core.precompiled_headers import AOTI_MARKER, CHILD_ENV, install
+
+log = logging.getLogger(__name__)
 
 STORE_ENV = "FARM_PCH_STORE"  # the worker's setting: a directory, or "off"
-_STORE_VERSION = 1
+# 2: the store also holds AOTI's headers (stores filled before are filled again).
+_STORE_VERSION = 2
 _FILL_TIMEOUT_S = 900.0
 
 
@@ -91,7 +97,40 @@ def build_store(payload: dict[str, Any]) -> dict[str, Any]:
     if not install(store, fill=True):
         return {"headers": [], "why": "this torch has no header precompile hook"}
     _sample_kernels()
-    return {"headers": sorted(p.name for p in store.glob("*.h"))}
+    aoti = _sample_aoti(store)
+    return {"headers": sorted(p.name for p in store.glob("*.h")), "aoti": aoti}
+
+
+def _sample_aoti(store: Path) -> str:
+    """Compile a small AOTI package the way a build does
+    (``farm.build.aoti_compile``: the same configs, -march and compiler)
+    with the header precompile on, so the headers its wrapper and kernels
+    ask for are stored; then mark the store for AOTI (``AOTI_MARKER``).
+    A failure leaves the mark off: packages compile without a header, and
+    the kernels' headers stay."""
+    try:
+        import torch
+
+        from farm.build.aoti_compile import compile_aoti
+        from farm.core.specs import JobSpec
+        from farm.zoo.basic import mlp
+
+        spec = JobSpec.from_json({"name": "pch-sample", "version": "1",
+                                  "model": {"entrypoint": "farm.zoo.basic:mlp"},
+                                  "inputs": ["float32[2,64]"]})
+        with tempfile.TemporaryDirectory(prefix="farm-pch-aoti-") as out:
+            compile_aoti(spec, mlp().eval(), torch.device("cpu"), Path(out) / "sample.pt2",
+                         headers=True)
+    except Exception as exc:  # the kernels' headers are still worth keeping
+        log.warning("no precompiled headers for AOTI packages: %s: %s", type(exc).__name__, exc)
+        return f"not filled: {type(exc).__name__}: {exc}"
+    from farm.build.toolchain import inductor_compiler
+
+    # The compiler whose headers these are: a build running another one
+    # compiles its packages without (farm.core.precompiled_headers.aoti_store).
+    compiler = inductor_compiler()
+    (store / AOTI_MARKER).write_text(compiler + "\n")
+    return f"filled for {compiler}"
 
 
 def _marker(store: Path, env: Mapping[str, str]) -> Path:

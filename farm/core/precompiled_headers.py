@@ -93,6 +93,29 @@ def install(store: str | Path | None, *, fill: bool = False) -> bool:
     return True
 
 
+# Written into the store by farm.build.pch's fill once an AOTI package was
+# compiled there with the header precompile on: the store then holds the
+# headers AOTI wrappers ask for, and packages compile with them.
+AOTI_MARKER = "aoti-headers"
+
+
+def aoti_store(compiler: str) -> str | None:
+    """The store this process's hook serves from, where it holds AOTI's
+    headers for ``compiler`` (the fill wrote it into ``AOTI_MARKER``);
+    None: AOTI packages compile without a header. A header precompiled with
+    another compiler command has another key, and a package compiled with
+    the setting on and its header missing was slower than one with it off
+    (docs/benchmarks.md), so the marker must name this very compiler."""
+    root = _installed.get("store")
+    if root is None:
+        return None
+    try:
+        filled_for = (Path(root) / AOTI_MARKER).read_text().strip()
+    except OSError:
+        return None
+    return str(root) if filled_for == compiler else None
+
+
 def install_from_env(env: Mapping[str, str] | None = None) -> bool:
     """``install`` with the store a worker gave this build child
     (``TORCH_FARM_PCH_STORE``); nothing where it gave none."""

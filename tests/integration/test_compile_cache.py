@@ -23,6 +23,7 @@ from farm.build.toolchain import choose_compiler
 from farm.build.verify import verify_artifact
 from farm.core.specs import JobSpec
 from farm.core.target import detect_local_target
+from tests.fixtures.builds import fill_header_store
 from tests.integration.test_api import CPU, CPU_512, Api, _api
 from tests.slowdown import scaled
 
@@ -210,6 +211,7 @@ def kept_package(redis_url: str, build_tmp_factory: Any) -> KeptPackage:
     store = RedisCacheStore(redis_url)
     ns = namespace("cpu/aoti", "0", prefix=f"farm:ccache:test-{uuid.uuid4().hex[:8]}")
     spec = aoti_spec("1")
+    fill_header_store()  # the tests below build the same graph under the same key
     cache, res = build(store, ns, build_tmp_factory("aoti-cold") / "b", spec, aoti=True)
     assert res.ok, res.error
     (art,) = res.value["artifacts"]

@@ -19,7 +19,7 @@ import pytest
 from farm.build.sandbox import build_isolation
 from farm.build.verify import VerifyReport, verify_artifact
 from farm.core.specs import JobSpec
-from tests.fixtures.builds import compile_in_child
+from tests.fixtures.builds import compile_in_child, fill_header_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -65,6 +65,7 @@ def sha256(path: str | Path) -> str:
 @pytest.fixture(scope="module")
 def mlp_inference(build_tmp_factory: Callable[[str], Path]) -> tuple[JobSpec, dict[str, Any]]:
     spec = job("farm.zoo.basic:mlp", ["float32[4,64]"])
+    fill_header_store()  # test_aoti_package_is_reproducible builds it again
     return spec, artifacts(spec, build_tmp_factory("mlp"))
 
 

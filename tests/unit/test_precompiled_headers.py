@@ -208,3 +208,16 @@ def test_the_workers_store_serves_its_build_children(
                        isolation=Isolation(writable=(str(build),)))
     assert res.ok, (res.error, res.traceback, res.stderr_tail)
     assert res.value["used"] >= 1 and res.value["missing"] == 0, res.value
+
+
+def test_aoti_packages_use_the_store_only_where_it_was_filled_for_their_compiler(
+        hook: list[tuple[str, str]], tmp_path: Path) -> None:
+    """A package compiled with the header setting on and its header missing
+    is slower than one with it off: the store serves AOTI's headers only
+    where its fill marked them for the very compiler the build runs."""
+    assert precompiled_headers.aoti_store("/usr/bin/g++") is None  # no store installed
+    assert precompiled_headers.install(tmp_path)
+    assert precompiled_headers.aoti_store("/usr/bin/g++") is None  # not filled for AOTI
+    (tmp_path / precompiled_headers.AOTI_MARKER).write_text("g++\n")
+    assert precompiled_headers.aoti_store("/usr/bin/g++") is None  # another command
+    assert precompiled_headers.aoti_store("g++") == str(tmp_path)
