@@ -170,7 +170,11 @@ def main() -> None:
     from farm.core.target import detect_local_target
 
     # Once per machine and toolchain, as a compile worker does at its start:
-    # not part of any build.
+    # not part of any build. A worker that builds AOTI packages has chosen
+    # its compiler by then (farm.build.aoti_check), and the store's AOTI
+    # headers are for that compiler only.
+    if args.aoti:
+        compiler_for(args.device)
     t0 = time.perf_counter()
     filled = pch.fill_store()
     headers = ("off" if args.no_header_store else

@@ -81,6 +81,9 @@ def test_mlp_inference_builds_both_formats_and_matches_eager(
     # The package is far smaller than a build with weights would need to be
     # only for big models; here: it exists and names its constants.
     assert aoti["meta"]["constants"] == 4
+    # Its wrapper compiled with the header the worker's store holds for this
+    # compiler (farm.build.pch), and it still loads and matches eager below.
+    assert aoti["meta"]["precompiled_header"] is True
 
     r_aot = verified(spec, aot)
     # A CPU aot_compile artifact is C++ source, and ships the kernel libraries
