@@ -15,7 +15,7 @@ process's load moves a single timing by tens of percent, and interleaved
 rounds see the same load.
 
     .venv/bin/python bench/per_block_steady.py [--kind training] [--calls 100] [--rounds 5]
-        [--dim 128] [--device cuda] [--profile CALLS] [--out FILE]
+        [--dim 128] [--tokens 1,64] [--device cuda] [--profile CALLS] [--out FILE]
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dim", type=int, default=KWARGS["dim"],
                     help="the model's width (heads: dim/32, FFN: dim*11/4)")
+    ap.add_argument("--tokens", default="1,64", metavar="BATCH,SEQ",
+                    help="the token input's shape (a GPU call is launch-bound at 1,64)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--profile", type=int, default=0, metavar="CALLS",
                     help="afterwards, profile CALLS per-block calls (cProfile) and print where "
@@ -66,13 +68,14 @@ def main() -> None:
     grad_mode = GradMode(args.kind)
     training = grad_mode is GradMode.TRAINING
 
+    tokens = f"int64[{args.tokens}]"
     kwargs = {**KWARGS, "dim": args.dim, "n_heads": max(2, args.dim // 32),
               "n_kv_heads": max(1, args.dim // 64), "ffn_dim": args.dim * 11 // 4}
 
     def spec(per_block: bool) -> JobSpec:
         return JobSpec(name="steady", version="1",
                        model=ModelRef("farm.zoo.llama:llama", kwargs=kwargs),
-                       inputs=parse_inputs(["int64[1,64]{0..1023}"]),
+                       inputs=parse_inputs([f"{tokens}{{0..1023}}"]),
                        grad_mode=grad_mode, options=CompileOptions(per_block=per_block))
 
     def model(s: JobSpec) -> Any:
@@ -117,7 +120,7 @@ def main() -> None:
     got = {name: round(statistics.median(ts) * 1e3, 3) for name, ts in rounds.items()}
     ratios = sorted(b / a - 1 for a, b in zip(rounds["full graph"], rounds["per-block"],
                                                 strict=True))
-    line = (f"per_block_steady: farm.zoo.llama 16 layers dim {args.dim}, int64[1,64], "
+    line = (f"per_block_steady: farm.zoo.llama 16 layers dim {args.dim}, {tokens}, "
             f"{args.kind}, {_where(device)}, torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, "
             f"{args.rounds} rounds of the median of {args.calls} calls, load average "
