@@ -35,10 +35,10 @@ How:
   header at load (``farm.node.bundle.adopt_header_precompile``).
 
 AOTInductor packages take their wrapper's header from the store too, once
-the fill compiled a sample package with it (``AOTI_MARKER``): before that
-they compile without one. Whether a package used it is part of its key
-(``farm.build.aoti_cache``), since its compile command (in the package)
-names the header.
+the fill compiled a sample package with it for the build's compiler
+(``aoti_marker``): before that they compile without one. Whether a package
+used it is part of its key (``farm.build.aoti_cache``), since its compile
+command (in the package) names the header.
 
     python -m farm.build.pch        # fill this machine's store now, print it
 """
@@ -58,13 +58,14 @@ from pathlib import Path
 from typing import Any
 
 from farm.build import background
-from farm.core.precompiled_headers import AOTI_MARKER, CHILD_ENV, install
+from farm.core.precompiled_headers import CHILD_ENV, aoti_marker, install
 
 log = logging.getLogger(__name__)
 
 STORE_ENV = "FARM_PCH_STORE"  # the worker's setting: a directory, or "off"
-# 2: the store also holds AOTI's headers (stores filled before are filled again).
-_STORE_VERSION = 2
+# 3: the store also holds AOTI's headers, marked per compiler (stores filled
+# before are filled again).
+_STORE_VERSION = 3
 _FILL_TIMEOUT_S = 900.0
 
 
@@ -105,9 +106,9 @@ def _sample_aoti(store: Path) -> str:
     """Compile a small AOTI package the way a build does
     (``farm.build.aoti_compile``: the same configs, -march and compiler)
     with the header precompile on, so the headers its wrapper and kernels
-    ask for are stored; then mark the store for AOTI (``AOTI_MARKER``).
-    A failure leaves the mark off: packages compile without a header, and
-    the kernels' headers stay."""
+    ask for are stored; then mark the store for AOTI and this compiler
+    (``aoti_marker``). A failure leaves the mark off: packages compile
+    without a header, and the kernels' headers stay."""
     try:
         import torch
 
@@ -129,7 +130,7 @@ def _sample_aoti(store: Path) -> str:
     # The compiler whose headers these are: a build running another one
     # compiles its packages without (farm.core.precompiled_headers.aoti_store).
     compiler = inductor_compiler()
-    (store / AOTI_MARKER).write_text(compiler + "\n")
+    aoti_marker(store, compiler).write_text(compiler + "\n")
     return f"filled for {compiler}"
 
 

@@ -94,23 +94,34 @@ def install(store: str | Path | None, *, fill: bool = False) -> bool:
 
 
 # Written into the store by farm.build.pch's fill once an AOTI package was
-# compiled there with the header precompile on: the store then holds the
-# headers AOTI wrappers ask for, and packages compile with them.
+# compiled there with the header precompile on, one file per compiler
+# (``aoti_marker``): the store then holds the headers AOTI wrappers compiled
+# by that compiler ask for. One file per compiler, not one for the store:
+# two workers of one machine that chose different compilers (a CPU and a
+# GPU worker) would otherwise take the mark from each other, and a build
+# whose compiler lost it compiles without a header.
 AOTI_MARKER = "aoti-headers"
+
+
+def aoti_marker(root: str | Path, compiler: str) -> Path:
+    """The file in store ``root`` that says its AOTI headers are there for
+    ``compiler`` (the file holds the compiler's command)."""
+    digest = hashlib.sha256(compiler.encode()).hexdigest()[:16]
+    return Path(root) / f"{AOTI_MARKER}-{digest}"
 
 
 def aoti_store(compiler: str) -> str | None:
     """The store this process's hook serves from, where it holds AOTI's
-    headers for ``compiler`` (the fill wrote it into ``AOTI_MARKER``);
-    None: AOTI packages compile without a header. A header precompiled with
+    headers for ``compiler`` (the fill marked it, ``aoti_marker``); None:
+    AOTI packages compile without a header. A header precompiled with
     another compiler command has another key, and a package compiled with
     the setting on and its header missing was slower than one with it off
-    (docs/benchmarks.md), so the marker must name this very compiler."""
+    (docs/benchmarks.md), so the mark must name this very compiler."""
     root = _installed.get("store")
     if root is None:
         return None
     try:
-        filled_for = (Path(root) / AOTI_MARKER).read_text().strip()
+        filled_for = aoti_marker(root, compiler).read_text().strip()
     except OSError:
         return None
     return str(root) if filled_for == compiler else None

@@ -218,6 +218,11 @@ def test_aoti_packages_use_the_store_only_where_it_was_filled_for_their_compiler
     assert precompiled_headers.aoti_store("/usr/bin/g++") is None  # no store installed
     assert precompiled_headers.install(tmp_path)
     assert precompiled_headers.aoti_store("/usr/bin/g++") is None  # not filled for AOTI
-    (tmp_path / precompiled_headers.AOTI_MARKER).write_text("g++\n")
+    precompiled_headers.aoti_marker(tmp_path, "g++").write_text("g++\n")
     assert precompiled_headers.aoti_store("/usr/bin/g++") is None  # another command
+    assert precompiled_headers.aoti_store("g++") == str(tmp_path)
+    # A second worker's fill for its own compiler leaves the first one's mark:
+    # both compilers' packages use the store.
+    precompiled_headers.aoti_marker(tmp_path, "/usr/bin/g++").write_text("/usr/bin/g++\n")
+    assert precompiled_headers.aoti_store("/usr/bin/g++") == str(tmp_path)
     assert precompiled_headers.aoti_store("g++") == str(tmp_path)
