@@ -54,9 +54,11 @@ def run_worker(
             print(AOTI_OFF, flush=True)
         # This machine's precompiled C++ headers, once per toolchain, beside
         # the first builds (which compile without them until they are there).
+        # The sample AOTI package (half the fill) only where this worker
+        # builds CPU packages: AOTI's headers serve those alone.
         from farm.build.pch import fill_in_background
 
-        fill_in_background()
+        fill_in_background(aoti=settings().farm_aoti and t.device == "cpu")
     else:
         raise SystemExit(f"unknown worker kind {kind!r}; known: trace, compile")
     lifecycle.configure(kind=kind, queue=queue, target=target)

@@ -93,12 +93,14 @@ def _sample_kernels() -> None:
 
 def build_store(payload: dict[str, Any]) -> dict[str, Any]:
     """Sandbox entry point: fill ``payload["store"]`` (bound writable to this
-    child only) with the headers the sample kernels ask for."""
+    child only) with the headers the sample kernels ask for, and the sample
+    AOTI package's unless ``payload["aoti"]`` is false."""
     store = Path(payload["store"])
     if not install(store, fill=True):
         return {"headers": [], "why": "this torch has no header precompile hook"}
     _sample_kernels()
-    aoti = _sample_aoti(store)
+    aoti = (_sample_aoti(store) if payload.get("aoti", True)
+            else "not filled: this worker builds no CPU AOTI packages")
     return {"headers": sorted(p.name for p in store.glob("*.h")), "aoti": aoti}
 
 
@@ -134,22 +136,25 @@ def _sample_aoti(store: Path) -> str:
     return f"filled for {compiler}"
 
 
-def _marker(store: Path, env: Mapping[str, str]) -> Path:
-    """One file per toolchain: the store was filled for it."""
+def _marker(store: Path, env: Mapping[str, str], aoti: bool) -> Path:
+    """One file per toolchain (and whether its fill took AOTI's headers): the
+    store was filled for it."""
     import torch
 
     parts = {"v": _STORE_VERSION, "torch": torch.__version__,
              "torch_dir": os.path.dirname(torch.__file__), "python": sys.version,
-             "env": dict(sorted(env.items()))}
+             "env": dict(sorted(env.items())), **({} if aoti else {"aoti": False})}
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
     return store / f"filled-{digest}.json"
 
 
 def fill_store(store: Path | None = None, *, env: Mapping[str, str] | None = None,
-               timeout_s: float = _FILL_TIMEOUT_S) -> dict[str, Any]:
+               timeout_s: float = _FILL_TIMEOUT_S, aoti: bool = True) -> dict[str, Any]:
     """Fill this machine's store for the worker's toolchain (``env``: what its
     build children get, ``farm.build.steps.toolchain_env``), in a sandboxed
-    child, unless done before. Returns what it did (``skipped``, ``headers``,
+    child, unless done before. ``aoti=False``: a worker that builds no CPU
+    AOTI package (``FARM_AOTI=0``, or a GPU target) skips the sample package,
+    about half the fill. Returns what it did (``skipped``, ``headers``,
     ``error``); raises nothing."""
     from filelock import FileLock, Timeout
 
@@ -162,7 +167,7 @@ def fill_store(store: Path | None = None, *, env: Mapping[str, str] | None = Non
     env = dict(toolchain_env() if env is None else env)
     env.pop(CHILD_ENV, None)
     store.mkdir(parents=True, exist_ok=True)
-    marker = _marker(store, env)
+    marker = _marker(store, env, aoti)
     try:
         lock = FileLock(str(store.parent / f".{store.name}.lock"), timeout=timeout_s)
         lock.acquire()
@@ -177,7 +182,8 @@ def fill_store(store: Path | None = None, *, env: Mapping[str, str] | None = Non
             return {"error": str(exc)}
         with tempfile.TemporaryDirectory(prefix="farm-pch-cache-") as cache:
             res = sandbox.run_isolated(
-                "farm.build.pch:build_store", {"store": str(store)}, timeout_s=timeout_s,
+                "farm.build.pch:build_store", {"store": str(store), "aoti": aoti},
+                timeout_s=timeout_s,
                 memory_mb=0, env_extra={**env, "TORCHINDUCTOR_CACHE_DIR": cache},
                 isolation=isolation, warm=False)
         if os.geteuid() == 0:
@@ -213,14 +219,16 @@ def describe_fill(filled: Mapping[str, Any], seconds: float) -> str:
             "once per machine and toolchain)")
 
 
-def fill_in_background(store: Path | None = None) -> threading.Thread | None:
+def fill_in_background(store: Path | None = None, *,
+                       aoti: bool = True) -> threading.Thread | None:
     """``fill_store`` on a daemon thread (once per store in this process):
     builds run meanwhile, compiling without the header until it is there."""
     store = store if store is not None else store_dir()
     if store is None:
         return None
 
-    return background.fill_once(f"pch:{store}", "farm-pch-fill", lambda: fill_store(store),
+    return background.fill_once(f"pch:{store}", "farm-pch-fill",
+                                lambda: fill_store(store, aoti=aoti),
                                 f"precompiled headers in {store}")
 
 

@@ -193,9 +193,14 @@ def test_the_workers_store_serves_its_build_children(
 
     require_sandbox()
     store = tmp_path / "pch"
-    filled = pch.fill_store(store)
+    # A worker that builds no CPU AOTI package (FARM_AOTI=0, a GPU target)
+    # fills the kernels' headers only: no AOTI mark, and the sample package's
+    # time saved.
+    filled = pch.fill_store(store, aoti=False)
     assert filled.get("headers"), filled
-    assert pch.fill_store(store)["skipped"] == "filled before"
+    assert filled["aoti"].startswith("not filled"), filled
+    assert not list(store.glob("aoti-headers-*"))
+    assert pch.fill_store(store, aoti=False)["skipped"] == "filled before"
     if os.geteuid() == 0:  # the sandbox uid wrote it; the worker owns it now
         assert {p.stat().st_uid for p in store.iterdir()} == {0}
     code = build_tmp_factory("pch-probe")
@@ -226,3 +231,13 @@ def test_aoti_packages_use_the_store_only_where_it_was_filled_for_their_compiler
     precompiled_headers.aoti_marker(tmp_path, "/usr/bin/g++").write_text("/usr/bin/g++\n")
     assert precompiled_headers.aoti_store("/usr/bin/g++") == str(tmp_path)
     assert precompiled_headers.aoti_store("g++") == str(tmp_path)
+
+
+def test_a_fill_without_aoti_does_not_count_for_a_worker_that_builds_aoti_packages() -> None:
+    """The fill's mark says whether it took AOTI's headers: a worker with
+    AOTI on, after one without, fills the store again."""
+    from farm.build import pch
+
+    store, env = Path("/nonexistent-store"), {"CXX": "g++"}
+    assert pch._marker(store, env, True) != pch._marker(store, env, False)
+    assert pch._marker(store, env, True) == pch._marker(store, dict(env), True)
