@@ -7,15 +7,25 @@ Builds ``farm.zoo.llama:llama`` both ways in this process (aot_compile,
 and backward), loads each with a fresh model, and times them side by side:
 ``--rounds`` rounds, each timing every variant for the median of
 ``--calls`` calls (after 5 warm-up calls in the first round), in turn: the
-full graph, per-block, per-block loaded with ``disable_guard_check`` (what
-the 16 blocks' guard checks cost; inference) and eager. Printed: each
+full graph, per-block, per-block through torch's own call of each block
+(``AOTCompiledFunction.__call__``, which binds the arguments with
+``inspect``; the node's ``farm.node.blocks.direct_call`` does not),
+per-block loaded with ``disable_guard_check`` (what the 16 blocks' guard
+checks cost; inference) and eager. Printed: each
 variant's median over the rounds, and per-block against the full graph in
 each round (its median, lowest and highest): on a shared 2-core machine one
 process's load moves a single timing by tens of percent, and interleaved
 rounds see the same load.
 
     .venv/bin/python bench/per_block_steady.py [--kind training] [--calls 100] [--rounds 5]
-        [--dim 128] [--tokens 1,64] [--device cuda] [--profile CALLS] [--out FILE]
+        [--dim 128] [--tokens 1,64] [--device cuda] [--profile CALLS] [--launches CALLS]
+        [--out FILE]
+
+``--launches`` (GPU) says where a launch-bound call's time goes, for the
+full graph, per-block and eager: CUDA kernels launched per call, the GPU's
+busy time per call (the sum of its kernels' times), and the host's time per
+call (until the call returns, before its synchronize), from
+``torch.profiler`` over CALLS calls of each.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from farm.core.modelref import apply_grad_mode, build_real, example_inputs  # no
 from farm.core.specs import CompileOptions, GradMode, JobSpec, ModelRef  # noqa: E402
 from farm.node.loader import load_artifact  # noqa: E402
 
+TORCH_CALL = "per-block, torch's call"
 KWARGS = {"vocab": 1024, "dim": 128, "n_layers": 16, "n_heads": 4, "n_kv_heads": 2,
           "ffn_dim": 352}
 
@@ -59,8 +70,11 @@ def main() -> None:
                     help="the token input's shape (a GPU call is launch-bound at 1,64)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--profile", type=int, default=0, metavar="CALLS",
-                    help="afterwards, profile CALLS per-block calls (cProfile) and print where "
-                         "their Python time went")
+                    help="afterwards, profile CALLS calls of the full graph and of per-block "
+                         "(cProfile) and print where their Python time went")
+    ap.add_argument("--launches", type=int, default=0, metavar="CALLS",
+                    help="afterwards (GPU), count each variant's kernel launches and GPU busy "
+                         "time per call over CALLS calls (torch.profiler)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     device = args.device
@@ -83,19 +97,20 @@ def main() -> None:
         apply_grad_mode(m, s.grad_mode)
         return m
 
-    def step(f: Any, m: torch.nn.Module, x: torch.Tensor) -> None:
+    def step(f: Any, m: torch.nn.Module, x: torch.Tensor, synchronize: bool = True) -> None:
         if not training:
             with torch.no_grad():
                 f(x)
+        else:
+            y = f(x)
+            (y if isinstance(y, torch.Tensor) else y[0]).float().sum().backward()
+            for p in m.parameters():
+                p.grad = None
+        if synchronize:
             sync()
-            return
-        y = f(x)
-        (y if isinstance(y, torch.Tensor) else y[0]).float().sum().backward()
-        for p in m.parameters():
-            p.grad = None
-        sync()
 
     variants: dict[str, Any] = {}  # name -> a call of one step
+    unsynced: dict[str, Any] = {}  # name -> the same step without its synchronize
     for per_block in (False, True):
         s = spec(per_block)
         (art,) = compile_artifacts(s, device, Path(tempfile.mkdtemp()), formats=["aot_compile"])
@@ -104,6 +119,17 @@ def main() -> None:
         m = model(s)
         fn = load_artifact(art.path, "aot_compile", module=m, trust_unverified=True)
         variants[name] = lambda fn=fn, m=m, x=x: step(fn, m, x)
+        unsynced[name] = lambda fn=fn, m=m, x=x: step(fn, m, x, synchronize=False)
+        if per_block:
+            # Before the node's direct block call (farm.node.blocks.direct_call):
+            # each block through torch's AOTCompiledFunction.__call__.
+            m_torch = model(s)
+            via_torch = through_torchs_call(
+                load_artifact(art.path, "aot_compile", module=m_torch, trust_unverified=True))
+            variants[TORCH_CALL] = (
+                lambda f=via_torch, m=m_torch, x=x: step(f, m, x))
+            unsynced[TORCH_CALL] = (
+                lambda f=via_torch, m=m_torch, x=x: step(f, m, x, synchronize=False))
         if per_block and not training:
             m_off = model(s)
             off = load_artifact(art.path, "aot_compile", module=m_off,
@@ -112,29 +138,62 @@ def main() -> None:
     eager_model = model(spec(False))
     (x,) = example_inputs(spec(False).inputs, device=device, mark_dynamic=False)
     variants["eager"] = lambda: step(eager_model, eager_model, x)
+    unsynced["eager"] = lambda: step(eager_model, eager_model, x, synchronize=False)
 
     rounds: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(args.rounds):
         for name, call in variants.items():
             rounds[name].append(median_s(call, calls=args.calls, warm_up=5 if r == 0 else 1))
     got = {name: round(statistics.median(ts) * 1e3, 3) for name, ts in rounds.items()}
-    ratios = sorted(b / a - 1 for a, b in zip(rounds["full graph"], rounds["per-block"],
-                                                strict=True))
+    def by_round(base: str, other: str) -> str:
+        ratios = sorted(b / a - 1 for a, b in zip(rounds[base], rounds[other], strict=True))
+        return (f"median {statistics.median(ratios):+.1%}, lowest {ratios[0]:+.1%}, "
+                f"highest {ratios[-1]:+.1%}")
+
     line = (f"per_block_steady: farm.zoo.llama 16 layers dim {args.dim}, {tokens}, "
             f"{args.kind}, {_where(device)}, torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, "
             f"{args.rounds} rounds of the median of {args.calls} calls, load average "
             f"{os.getloadavg()[0]:.1f} at the end; ms: {json.dumps(got)}; per-block against "
-            f"the full graph by round: median {statistics.median(ratios):+.1%}, lowest "
-            f"{ratios[0]:+.1%}, highest {ratios[-1]:+.1%}")
+            f"the full graph by round: {by_round('full graph', 'per-block')}; per-block "
+            f"against per-block through torch's call: "
+            f"{by_round(TORCH_CALL, 'per-block')}")
     print(line)
     if args.out:
         args.out.write_text(line + "\n")
     if args.profile:
-        profile(variants["per-block"], args.profile)
+        for name in ("full graph", "per-block"):
+            print(f"profile: {name}, {args.profile} calls")
+            profile(unsynced[name], args.profile, sync)
+    if args.launches and device.startswith("cuda"):
+        for name, call in unsynced.items():
+            report = launches(call, args.launches, sync)
+            print(f"launches: {name}: {json.dumps(report)}")
+            if args.out:
+                with args.out.open("a") as f:
+                    f.write(f"launches: {name}: {json.dumps(report)}\n")
 
 
-def profile(call: Any, calls: int) -> None:
+def through_torchs_call(loaded: Any) -> Any:
+    """``loaded`` (a per-block artifact) with each block calling its function
+    as the node did before ``direct_call``: ``fn(block, *inputs)``."""
+    import operator
+
+    blockwise = loaded.fn
+    for name, fn in blockwise.functions.items():
+        block = operator.attrgetter(name)(blockwise.module)
+        block.forward = _torch_forward(fn, block)
+    return loaded
+
+
+def _torch_forward(fn: Any, block: Any) -> Any:
+    def forward(*inputs: Any, **kwargs: Any) -> Any:
+        return fn(block, *inputs, **kwargs)
+
+    return forward
+
+
+def profile(call: Any, calls: int, sync: Any) -> None:
     """Where ``calls`` calls of ``call`` spend their time, by function (own
     time): what a block call adds on top of its kernels (guard checks,
     argument binding, AOTAutograd's wrapper)."""
@@ -145,8 +204,44 @@ def profile(call: Any, calls: int) -> None:
     prof.enable()
     for _ in range(calls):
         call()
+        sync()
     prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
+def launches(call: Any, calls: int, sync: Any, top_kernels: int = 8) -> dict[str, Any]:
+    """Per call of ``call`` (one step without its synchronize): CUDA kernels
+    and copies run, the GPU's busy time (their times added up), and the
+    host's time until the call returned. Where host time exceeds the GPU's,
+    the call is launch-bound: the GPU waits on Python and launches. And the
+    ``top_kernels`` kernels (by name) that took the GPU's time."""
+    import time
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+
+    sync()
+    host = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        call()
+        host.append(time.perf_counter() - t)
+        sync()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU,
+                                            ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        sync()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    busy_us = sum(e.time_range.elapsed_us() for e in kernels)
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name[:60]] = by_name.get(e.name[:60], 0.0) + e.time_range.elapsed_us()
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:top_kernels]
+    return {"GPU ops per call": round(len(kernels) / calls, 1),
+            "GPU busy ms per call": round(busy_us / calls / 1e3, 3),
+            "host ms per call (median, unprofiled)": round(statistics.median(host) * 1e3, 3),
+            "top kernels, ms per call": {n: round(us / calls / 1e3, 3) for n, us in top}}
 
 
 def _where(device: str) -> str:

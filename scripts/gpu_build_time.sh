@@ -40,12 +40,14 @@ if [ "${TRAIN_LOAD_S:-150}" != 0 ]; then   # TRAIN_LOAD_S=0: not this time
 fi
 # STEADY_S: bench/per_block_steady.py (per-block against the full graph per
 # call, interleaved in one process) for each of STEADY_KINDS, each limited
-# to STEADY_S seconds; off unless set.
+# to STEADY_S seconds; off unless set. STEADY_ARGS: more options, e.g.
+# "--launches 20 --dim 512".
 for k in ${STEADY_KINDS:-inference training}; do
   [ "${STEADY_S:-0}" != 0 ] || break
   stamp "per_block_steady $k"
+  # shellcheck disable=SC2086
   timeout "$STEADY_S" python3 bench/per_block_steady.py --device cuda --kind "$k" \
-    --rounds "${STEADY_ROUNDS:-7}" --calls "${STEADY_CALLS:-100}" \
+    --rounds "${STEADY_ROUNDS:-7}" --calls "${STEADY_CALLS:-100}" ${STEADY_ARGS:-} \
     --out "$OUT/per_block_steady-cuda-$k.txt" >"$OUT/per_block_steady-cuda-$k.log" 2>&1
   stamp "per_block_steady $k rc=$?"
 done

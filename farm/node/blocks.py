@@ -22,6 +22,7 @@ add up.
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import operator
@@ -115,11 +116,54 @@ class BlockwiseModel:
             fn.disable_guard_check()
 
 
-def _bound(fn: Callable[..., Any], block: Any) -> Callable[..., Any]:
-    def forward(*inputs: Any, **kwargs: Any) -> Any:
-        return fn(block, *inputs, **kwargs)
+def _bound(fn: Any, block: Any) -> Callable[..., Any]:
+    direct = direct_call(fn)
+    if direct is None:
+        def forward(*inputs: Any, **kwargs: Any) -> Any:
+            return fn(block, *inputs, **kwargs)
 
-    return forward
+        return forward
+    check, run = direct
+
+    def checked_forward(*inputs: Any, **kwargs: Any) -> Any:
+        # What torch's call checks, with the locals built here: a refusal
+        # goes through torch's own call, which raises with the guard's reason.
+        if fn._guard_check_enabled and not check(
+                {"block": block, "inputs": inputs, "kwargs": kwargs}):
+            return fn(block, *inputs, **kwargs)
+        return run(block, *inputs, **kwargs)
+
+    return checked_forward
+
+
+def direct_call(fn: Any) -> tuple[Callable[[dict[str, Any]], bool], Callable[..., Any]] | None:
+    """(guard check, compiled call) of a loaded ``call_block`` function, to
+    call without torch's ``AOTCompiledFunction.__call__``; None where ``fn``
+    is not one this torch built as expected (then it is called as it is).
+
+    That call binds each call's arguments to the function's signature with
+    ``inspect`` to build the guards' locals: about 5 us a call on CPU, paid
+    by every block of every call (bench/per_block_steady.py: a launch-bound
+    GPU call spends its time on the host, not the GPU). ``call_block``'s
+    locals are always ``block``, ``inputs`` and ``kwargs``, so they are built
+    here directly, and the guards still check every call."""
+    artifacts = getattr(fn, "_artifacts", None)
+    run = getattr(fn, "fn", None)
+    manager = getattr(artifacts, "guard_manager", None)
+    signature = getattr(artifacts, "signature", None)
+    env = getattr(artifacts, "runtime_env", None)
+    if (manager is None or not callable(run) or signature is None or env is None
+            or getattr(env, "closure", None) or not hasattr(fn, "_guard_check_enabled")):
+        return None
+    try:
+        kinds = [(p.name, p.kind) for p in signature.parameters.values()]
+    except AttributeError:
+        return None
+    if kinds != [("block", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                 ("inputs", inspect.Parameter.VAR_POSITIONAL),
+                 ("kwargs", inspect.Parameter.VAR_KEYWORD)]:
+        return None
+    return manager.check, run
 
 
 def load(data: bytes, module: Any,

@@ -263,6 +263,29 @@ def test_the_node_runs_blocks_through_their_functions_and_keeps_the_class() -> N
         runner(seeded(layers=3), x)
 
 
+def test_the_node_calls_blocks_past_torchs_argument_binding_and_still_checks_guards() -> None:
+    """The node's block call builds the guards' locals itself
+    (``direct_call``: torch's call binds them with ``inspect`` on every
+    call); the guards still refuse what they refused, with torch's reason,
+    and ``disable_guard_check`` still turns them off."""
+    from farm.node.blocks import direct_call
+
+    x = torch.randn(2, 8)
+    made = build(seeded(layers=3), x, None)
+    loaded = load_one(made.saved[0])
+    assert direct_call(loaded) is not None, "this torch's loaded functions changed shape"
+    model = seeded(layers=3)
+    runner = BlockwiseModel(model, dict.fromkeys(made.assignment, loaded))
+    with torch.no_grad():
+        assert torch.equal(runner(model, x), seeded(layers=3)(x))
+        wider = torch.randn(3, 8)  # the build's shapes are static: the guards refuse it
+        with pytest.raises(RuntimeError, match="GuardManager check failed"):
+            runner(model, wider)
+        runner.disable_guard_check()
+        assert torch.equal(runner(model, wider), seeded(layers=3)(wider))
+    assert direct_call(lambda block, *a: block(*a)) is None  # not torch's: called as it is
+
+
 def test_the_build_gives_the_blocks_their_forward_back_for_the_next_format(
         tmp_path: Path) -> None:
     """The compile child builds the aot_compile format and then exports the
