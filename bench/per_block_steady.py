@@ -21,11 +21,11 @@ rounds see the same load.
         [--dim 128] [--tokens 1,64] [--device cuda] [--profile CALLS] [--launches CALLS]
         [--out FILE]
 
-``--launches`` (GPU) says where a launch-bound call's time goes, for the
-full graph, per-block and eager: CUDA kernels launched per call, the GPU's
-busy time per call (the sum of its kernels' times), and the host's time per
-call (until the call returns, before its synchronize), from
-``torch.profiler`` over CALLS calls of each.
+``--launches`` (GPU) says where a launch-bound call's time goes, for each
+variant: CUDA kernels launched per call and the GPU's busy time per call
+(the sum of its kernels' times; ``torch.profiler`` over CALLS calls), and
+the host's time per call (until the call returns, before its synchronize;
+3 interleaved rounds of CALLS calls, before any profiling).
 """
 
 from __future__ import annotations
@@ -166,8 +166,17 @@ def main() -> None:
             print(f"profile: {name}, {args.profile} calls")
             profile(unsynced[name], args.profile, sync)
     if args.launches and device.startswith("cuda"):
+        # The host's times first, in interleaved rounds and before any
+        # profiler session: taken one variant at a time after the profiler
+        # had run, they came out above whole synchronized calls.
+        host: dict[str, list[float]] = {name: [] for name in unsynced}
+        for _ in range(3):
+            for name, call in unsynced.items():
+                host[name].append(host_s(call, args.launches, sync))
         for name, call in unsynced.items():
-            report = launches(call, args.launches, sync)
+            report = {**launches(call, args.launches, sync),
+                      "host ms per call (median of 3 rounds)":
+                          round(statistics.median(host[name]) * 1e3, 3)}
             print(f"launches: {name}: {json.dumps(report)}")
             if args.out:
                 with args.out.open("a") as f:
@@ -209,24 +218,23 @@ def profile(call: Any, calls: int, sync: Any) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(30)
 
 
+def host_s(call: Any, calls: int, sync: Any) -> float:
+    """The host's time until ``call`` (one step without its synchronize)
+    returns: the median of ``calls``, each synchronized after its timing.
+    Where it exceeds the GPU's busy time, the call is launch-bound: the GPU
+    waits on Python and launches."""
+    sync()
+    return median_s(call, calls=calls, warm_up=0, after=sync)
+
+
 def launches(call: Any, calls: int, sync: Any, top_kernels: int = 8) -> dict[str, Any]:
     """Per call of ``call`` (one step without its synchronize): CUDA kernels
     and copies run, the GPU's busy time (their times added up), and the
-    host's time until the call returned. Where host time exceeds the GPU's,
-    the call is launch-bound: the GPU waits on Python and launches. And the
-    ``top_kernels`` kernels (by name) that took the GPU's time."""
-    import time
-
+    ``top_kernels`` kernels (by name) that took it."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
 
     sync()
-    host = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        call()
-        host.append(time.perf_counter() - t)
-        sync()
     with torch.profiler.profile(activities=[ProfilerActivity.CPU,
                                             ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
@@ -240,7 +248,6 @@ def launches(call: Any, calls: int, sync: Any, top_kernels: int = 8) -> dict[str
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:top_kernels]
     return {"GPU ops per call": round(len(kernels) / calls, 1),
             "GPU busy ms per call": round(busy_us / calls / 1e3, 3),
-            "host ms per call (median, unprofiled)": round(statistics.median(host) * 1e3, 3),
             "top kernels, ms per call": {n: round(us / calls / 1e3, 3) for n, us in top}}
 
 

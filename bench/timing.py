@@ -10,9 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 
-def median_s(call: Callable[[], Any], *, calls: int, warm_up: int) -> float:
+def median_s(call: Callable[[], Any], *, calls: int, warm_up: int,
+             after: Callable[[], Any] | None = None) -> float:
     """Seconds of ``call()``: the median of ``calls`` timed calls after
-    ``warm_up`` untimed ones."""
+    ``warm_up`` untimed ones; ``after`` runs untimed after each (a GPU's
+    synchronize, to time only what the host spends until ``call`` returns)."""
     for _ in range(warm_up):
         call()
     times = []
@@ -20,4 +22,6 @@ def median_s(call: Callable[[], Any], *, calls: int, warm_up: int) -> float:
         t = time.perf_counter()
         call()
         times.append(time.perf_counter() - t)
+        if after is not None:
+            after()
     return statistics.median(times)
