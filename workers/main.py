@@ -46,19 +46,21 @@ def run_worker(
         from workers.context import settings
         from workers.tasks import AOTI_OFF
 
-        if settings().farm_aoti:
+        builds_aoti = settings().farm_aoti
+        if builds_aoti:
             ok, why = aoti_loads_here(t.device)
+            builds_aoti = ok
             print(f"AOTI packages built here {'load' if ok else 'do not load'} ({why})",
                   flush=True)
         else:
             print(AOTI_OFF, flush=True)
         # This machine's precompiled C++ headers, once per toolchain, beside
         # the first builds (which compile without them until they are there).
-        # The sample AOTI package (half the fill) only where this worker
-        # builds CPU packages: AOTI's headers serve those alone.
+        # The sample AOTI package (a third of the fill) only where this
+        # worker builds CPU packages: AOTI's headers serve those alone.
         from farm.build.pch import fill_in_background
 
-        fill_in_background(aoti=settings().farm_aoti and t.device == "cpu")
+        fill_in_background(aoti=builds_aoti and t.device == "cpu")
     else:
         raise SystemExit(f"unknown worker kind {kind!r}; known: trace, compile")
     lifecycle.configure(kind=kind, queue=queue, target=target)

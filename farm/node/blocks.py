@@ -146,7 +146,17 @@ def direct_call(fn: Any) -> tuple[Callable[[dict[str, Any]], bool], Callable[...
     by every block of every call (bench/per_block_steady.py: a launch-bound
     GPU call spends its time on the host, not the GPU). ``call_block``'s
     locals are always ``block``, ``inputs`` and ``kwargs``, so they are built
-    here directly, and the guards still check every call."""
+    here directly, and the guards still check every call. What else torch's
+    call does (nothing, in 2.11 and 2.13) this skips too: a torch that adds
+    to it needs this read again (``tests/unit/test_blocks.py`` checks the
+    path is taken and that the guards still refuse)."""
+    try:
+        from torch._dynamo.aot_compile import AOTCompiledFunction
+    except ImportError:
+        return None
+    # Exactly torch's class: a subclass may do more in its call.
+    if type(fn) is not AOTCompiledFunction:
+        return None
     artifacts = getattr(fn, "_artifacts", None)
     run = getattr(fn, "fn", None)
     manager = getattr(artifacts, "guard_manager", None)

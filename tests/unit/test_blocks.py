@@ -263,24 +263,38 @@ def test_the_node_runs_blocks_through_their_functions_and_keeps_the_class() -> N
         runner(seeded(layers=3), x)
 
 
-def test_the_node_calls_blocks_past_torchs_argument_binding_and_still_checks_guards() -> None:
+def test_the_node_calls_blocks_past_torchs_argument_binding_and_still_checks_guards(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The node's block call builds the guards' locals itself
     (``direct_call``: torch's call binds them with ``inspect`` on every
-    call); the guards still refuse what they refused, with torch's reason,
-    and ``disable_guard_check`` still turns them off."""
+    call); the guards still refuse what they refused, through torch's call
+    and its reason, and ``disable_guard_check`` still turns them off."""
+    import torch._dynamo.aot_compile as aot_compile
+
     from farm.node.blocks import direct_call
 
+    binds: list[str] = []
+    bind_locals = aot_compile.bind_locals
+
+    def counting_bind(*args: Any, **kwargs: Any) -> Any:
+        binds.append("bind")
+        return bind_locals(*args, **kwargs)
+
+    monkeypatch.setattr(aot_compile, "bind_locals", counting_bind)
     x = torch.randn(2, 8)
     made = build(seeded(layers=3), x, None)
     loaded = load_one(made.saved[0])
     assert direct_call(loaded) is not None, "this torch's loaded functions changed shape"
     model = seeded(layers=3)
     runner = BlockwiseModel(model, dict.fromkeys(made.assignment, loaded))
+    binds.clear()
     with torch.no_grad():
         assert torch.equal(runner(model, x), seeded(layers=3)(x))
+        assert binds == []  # three block calls, none through torch's binding
         wider = torch.randn(3, 8)  # the build's shapes are static: the guards refuse it
         with pytest.raises(RuntimeError, match="GuardManager check failed"):
             runner(model, wider)
+        assert binds, "a refusal goes through torch's call, for its reason"
         runner.disable_guard_check()
         assert torch.equal(runner(model, wider), seeded(layers=3)(wider))
     assert direct_call(lambda block, *a: block(*a)) is None  # not torch's: called as it is

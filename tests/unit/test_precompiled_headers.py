@@ -198,7 +198,7 @@ def test_the_workers_store_serves_its_build_children(
     # time saved.
     filled = pch.fill_store(store, aoti=False)
     assert filled.get("headers"), filled
-    assert filled["aoti"].startswith("not filled"), filled
+    assert filled["aoti"] == "not filled: this worker builds no CPU AOTI packages", filled
     assert not list(store.glob("aoti-headers-*"))
     assert pch.fill_store(store, aoti=False)["skipped"] == "filled before"
     if os.geteuid() == 0:  # the sandbox uid wrote it; the worker owns it now
@@ -233,11 +233,29 @@ def test_aoti_packages_use_the_store_only_where_it_was_filled_for_their_compiler
     assert precompiled_headers.aoti_store("g++") == str(tmp_path)
 
 
-def test_a_fill_without_aoti_does_not_count_for_a_worker_that_builds_aoti_packages() -> None:
+def test_a_fill_without_aoti_does_not_count_for_a_worker_that_builds_aoti_packages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fill's mark says whether it took AOTI's headers: a worker with
-    AOTI on, after one without, fills the store again."""
-    from farm.build import pch
+    AOTI on, after one without, fills the store again; a worker without,
+    after one with, takes that fill as done. (The sandboxed fill itself is
+    the test above's; here its child is replaced, to see what it is asked.)"""
+    from farm.build import pch, sandbox
+    from farm.build.sandbox import SandboxResult
 
-    store, env = Path("/nonexistent-store"), {"CXX": "g++"}
-    assert pch._marker(store, env, True) != pch._marker(store, env, False)
-    assert pch._marker(store, env, True) == pch._marker(store, dict(env), True)
+    asked: list[bool] = []
+
+    def fake_fill(target: str, payload: dict[str, Any], **_: Any) -> SandboxResult:
+        assert target == "farm.build.pch:build_store"
+        asked.append(payload["aoti"])
+        return SandboxResult(ok=True, value={"headers": [], "aoti": "fake"})
+
+    monkeypatch.setattr(sandbox, "build_isolation", lambda **_: None)
+    monkeypatch.setattr(sandbox, "run_isolated", fake_fill)
+    env = {"CXX": "g++"}
+    without, with_aoti = tmp_path / "without", tmp_path / "with"
+    assert "skipped" not in pch.fill_store(without, env=env, aoti=False)
+    assert "skipped" not in pch.fill_store(without, env=env, aoti=True)
+    assert asked == [False, True]
+    assert "skipped" not in pch.fill_store(with_aoti, env=env, aoti=True)
+    assert pch.fill_store(with_aoti, env=env, aoti=False)["skipped"] == "filled before"
+    assert asked == [False, True, True]
