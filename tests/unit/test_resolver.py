@@ -462,6 +462,19 @@ def test_finished_before_first_call_compiles() -> None:
     assert order([unfinished, finished]) == [2, 1]
 
 
+def test_a_full_graph_build_of_a_version_takes_over_from_its_per_block_build() -> None:
+    """A version submitted per-block (a rebuild in seconds) and again without
+    it: nodes get the per-block artifact until the full graph's are there,
+    then those (the AOTI package first), though the per-block one is newer."""
+    for node in (_CPU, _GPU):
+        quick = art(1, node, options=CompileOptions(per_block=True),
+                    created_at=T0 + timedelta(1))
+        assert order([quick], node) == [1]
+        full, package = art(2, node), art(3, node, format="aoti")
+        assert order([quick, full], node) == [2, 1]
+        assert order([quick, full, package], node) == [3, 2, 1]
+
+
 def test_format_preference_cpu_aoti_first() -> None:
     assert order([art(1, format="aot_compile"), art(2, format="aoti")], _CPU) == [2, 1]
 
