@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from farm.build import aoti_cache
+from farm.build import aoti_cache, stage_times
 from farm.build.aoti_support import (
     _FunctionModule,
     cxx_identity,
@@ -70,6 +70,7 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
         except Exception as exc:
             raise AOTIUnsupported(f"torch.export failed: {type(exc).__name__}: {exc}") from exc
     export_s = time.perf_counter() - t0
+    stage_times.add(stage_times.AOTI_EXPORT, export_s)
     import torch.utils._pytree as pytree
 
     if (any(s.name for s in spec.inputs)
@@ -165,7 +166,8 @@ def compile_aoti(spec: JobSpec, model: Any, device: torch.device, path: Path, *,
         shutil.copyfile(cached, path)
     else:
         with reproducible_cache_dir(key[:32]), native_phase(
-                "compiling the AOTInductor package (torch aoti_compile_and_package)"):
+                "compiling the AOTInductor package (torch aoti_compile_and_package)"), \
+                stage_times.aoti_phases():
             torch._inductor.aoti_compile_and_package(
                 ep, package_path=str(path), inductor_configs=configs
             )

@@ -278,7 +278,7 @@ def compile_artifacts(
                 if fmt == FORMAT_AOT_COMPILE:
                     meta = compile_aot(spec, model, device, path, weights=weights, kernels=kernels)
                 else:
-                    with stage_times.stage(stage_times.AOTI):
+                    with stage_times.aoti_package():
                         meta = compile_aoti(spec, model, device, path)
             except AOTIUnsupported as exc:
                 if explicit:

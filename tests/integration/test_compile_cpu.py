@@ -62,17 +62,23 @@ def sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+MlpBuild = tuple[JobSpec, dict[str, Any], Any]
+
+
 @pytest.fixture(scope="module")
-def mlp_inference(build_tmp_factory: Callable[[str], Path]) -> tuple[JobSpec, dict[str, Any]]:
+def mlp_inference(build_tmp_factory: Callable[[str], Path]) -> MlpBuild:
+    """The MLP's spec, its artifacts by format, and the build child's result."""
     spec = job("farm.zoo.basic:mlp", ["float32[4,64]"])
     fill_header_store()  # test_aoti_package_is_reproducible builds it again
-    return spec, artifacts(spec, build_tmp_factory("mlp"))
+    res = compile_child(spec, build_tmp_factory("mlp"))
+    assert res.ok, f"{res.describe()}\n{res.traceback}\n{res.stderr_tail[-3000:]}"
+    return spec, {a["format"]: a for a in res.value["artifacts"]}, res
 
 
 def test_mlp_inference_builds_both_formats_and_matches_eager(
-    mlp_inference: tuple[JobSpec, dict[str, Any]],
+    mlp_inference: MlpBuild,
 ) -> None:
-    spec, arts = mlp_inference
+    spec, arts, _ = mlp_inference
     assert set(arts) == {"aot_compile", "aoti"}
     aot, aoti = arts["aot_compile"], arts["aoti"]
     assert aot["meta"]["guards"]["tensors"], "tensor guards must be kept"
@@ -101,10 +107,26 @@ def test_mlp_inference_builds_both_formats_and_matches_eager(
     assert r_aoti.max_abs_err is not None and r_aoti.max_abs_err <= (r_aoti.tol or 0)
 
 
+def test_the_build_log_says_where_the_packages_seconds_went(mlp_inference: MlpBuild) -> None:
+    """The child's account splits the AOTI package into export, lowering,
+    codegen, the C++ compile and the rest, as the worker keeps it: a cold
+    package's C++ compile is real seconds, and the parts add up to no more
+    than the child's wall time."""
+    from farm.build import stage_times
+
+    _, arts, res = mlp_inference
+    assert arts["aoti"]["meta"]["package_cache"]["hit"] is False
+    stages = res.stages
+    assert set(stage_times.AOTI_STAGES) <= set(stages), stages
+    assert stages[stage_times.AOTI_CXX] > 0.5, stages  # a g++ run and a link, at least
+    assert stages[stage_times.AOTI_EXPORT] > 0, stages
+    assert sum(v for k, v in stages.items() if k != stage_times.OTHER) <= res.wall_s + 1e-2
+
+
 def test_aoti_package_is_reproducible(
-    mlp_inference: tuple[JobSpec, dict[str, Any]], build_tmp: Path
+    mlp_inference: MlpBuild, build_tmp: Path
 ) -> None:
-    spec, arts = mlp_inference
+    spec, arts, _ = mlp_inference
     again = artifacts(spec, build_tmp, ["aoti"])["aoti"]
     assert sha256(again["path"]) == sha256(arts["aoti"]["path"])
 

@@ -52,6 +52,40 @@ def test_an_aotautograd_cache_hit_is_a_load_not_a_compile() -> None:
     assert split[st.DYNAMO] == pytest.approx(2.71 - 1.88)
 
 
+def test_an_aoti_package_splits_into_lowering_codegen_and_its_cxx_compile() -> None:
+    # Sums of torch's timers from a cold CPU AOTI package of bench/build_cost.py's
+    # 16-layer stack (torch 2.13): the C++ compile and link sits beside codegen,
+    # both inside Inductor's forward compiler.
+    metrics = {
+        "compile_fx.<locals>.fw_compiler_base": 9.89,
+        "GraphLowering.compile_to_fn": 9.41,
+        "GraphLowering.codegen": 5.00,
+        "AotCodeCompiler.compile": 4.41,
+        "compile_file": 8.49,
+    }
+    split = st.split_aoti_phases(metrics)
+    assert split == pytest.approx({st.AOTI_LOWERING: 9.89 - 5.00 - 4.41,
+                                   st.AOTI_CODEGEN: 5.00, st.AOTI_CXX: 4.41})
+    # A package from the farm's cache compiles nothing.
+    assert set(st.split_aoti_phases({}).values()) == {0.0}
+
+
+def test_the_package_stages_add_up_to_its_wall_time() -> None:
+    import time
+
+    st.reset()
+    t0 = time.perf_counter()
+    with st.aoti_package():
+        st.add(st.AOTI_EXPORT, 0.02)
+        st.add(st.AOTI_CXX, 0.03)
+        time.sleep(0.08)
+    wall = time.perf_counter() - t0
+    got = st.snapshot()
+    assert got[st.AOTI] == pytest.approx(wall - 0.05, abs=0.005)
+    assert sum(got.values()) == pytest.approx(wall, abs=0.005)
+    st.reset()
+
+
 def test_the_worker_keeps_known_stages_in_range_and_adds_other() -> None:
     kept = st.from_child(
         {
