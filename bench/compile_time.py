@@ -220,7 +220,8 @@ def main() -> None:
     from farm.build import pch
 
     t0 = time.perf_counter()
-    filled = pch.fill_store()
+    # Its builds are aot_compile only: the kernels' headers, no AOTI sample.
+    filled = pch.fill_store(aoti=False)
     say("precompiled headers: " + ("off" if args.no_header_store else
         pch.describe_fill(filled, time.perf_counter() - t0) + ", before the builds"))
     from farm.build import bytecode
