@@ -147,8 +147,8 @@ def direct_call(fn: Any) -> tuple[Callable[[dict[str, Any]], bool], Callable[...
     GPU call spends its time on the host, not the GPU). ``call_block``'s
     locals are always ``block``, ``inputs`` and ``kwargs``, so they are built
     here directly, and the guards still check every call. What else torch's
-    call does (nothing, in 2.11 and 2.13) this skips too: a torch that adds
-    to it needs this read again (``tests/unit/test_blocks.py`` checks the
+    call does (nothing more in 2.13's source; 2.11's profile shows the same
+    calls) this skips too: a torch that adds to it needs this read again (``tests/unit/test_blocks.py`` checks the
     path is taken and that the guards still refuse)."""
     try:
         from torch._dynamo.aot_compile import AOTCompiledFunction
