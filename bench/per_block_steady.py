@@ -6,7 +6,8 @@ Builds ``farm.zoo.llama:llama`` both ways in this process (aot_compile,
 ``--kind inference``: a forward under no_grad, or ``training``: a forward
 and backward), loads each with a fresh model, and times them side by side:
 ``--rounds`` rounds, each timing every variant for the median of
-``--calls`` calls (after 5 warm-up calls in the first round), in turn: the
+``--calls`` calls (after 5 warm-up calls in the first rounds), in turn,
+each round starting one variant later: the
 full graph, per-block, per-block through torch's own call of each block
 (``AOTCompiledFunction.__call__``, which binds the arguments with
 ``inspect``; the node's ``farm.node.blocks.direct_call`` does not),
@@ -141,9 +142,14 @@ def main() -> None:
     unsynced["eager"] = lambda: step(eager_model, eager_model, x, synchronize=False)
 
     rounds: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
     for r in range(args.rounds):
-        for name, call in variants.items():
-            rounds[name].append(median_s(call, calls=args.calls, warm_up=5 if r == 0 else 1))
+        # Each round starts one variant later: no variant always runs right
+        # after the same other one (a training step's backward leaves the
+        # allocator and caches to whatever runs next).
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            warm_up = 5 if r < len(names) else 1
+            rounds[name].append(median_s(variants[name], calls=args.calls, warm_up=warm_up))
     got = {name: round(statistics.median(ts) * 1e3, 3) for name, ts in rounds.items()}
     def by_round(base: str, other: str) -> str:
         ratios = sorted(b / a - 1 for a, b in zip(rounds[base], rounds[other], strict=True))
