@@ -22,7 +22,9 @@ def per_block_hint(repeated_blocks: int, spec: dict[str, Any]) -> str | None:
     return (f"{repeated_blocks} calls of repeated blocks: --per-block compiles each distinct "
             "block once, and a new version recompiles only the blocks it changes (aot_compile "
             "only, no AOTI package; each block call adds about 0.1 ms, so a call of a few ms, "
-            "a small model or a GPU call of few tokens, runs faster as one graph)")
+            "a small model or a GPU call of few tokens, runs faster as one graph); or submit "
+            "the version both ways: nodes get the per-block artifact first, the full graph "
+            "once it is built")
 
 
 __all__ = ["per_block_hint"]

@@ -17,6 +17,8 @@ def test_the_per_block_hint_is_given_where_per_block_could_be_used() -> None:
     assert hint is not None and hint.startswith("16 calls of repeated blocks: --per-block")
     # The trade: the AOTI package, and a cost on every block call.
     assert "no AOTI package" in hint and "each block call adds" in hint
+    # Both: the per-block artifact first, the full graph after (registry.resolver).
+    assert "submit the version both ways" in hint
     assert per_block_hint(16, spec(["int64[1,64]"], regional=True)) is not None
     assert per_block_hint(16, spec(["int64[1,64]{0..31999}"])) is not None  # a value range
 
