@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 # The stages a build child reports, in the order a build runs them (the log
@@ -97,20 +97,24 @@ def _metrics() -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def torch_phases() -> Iterator[None]:
-    """Split the torch compile inside the block into ``TORCH_STAGES`` from
-    torch's own timers (``dynamo_timed``), which nest: each stage here is
-    what its timer measured minus the timers inside it. Whatever the block
-    spent outside torch's timers (saving, warm-up) is the caller's to time."""
+def _split_by(split: Callable[[Mapping[str, float]], dict[str, float]]) -> Iterator[None]:
+    """Add the stages ``split`` makes of what torch's timers measured inside
+    the block."""
     before = _metrics()
     try:
         yield
     finally:
         after = _metrics()
-        for name, seconds in split_phases(
-            {k: v - before.get(k, 0.0) for k, v in after.items()}
-        ).items():
+        for name, seconds in split({k: v - before.get(k, 0.0) for k, v in after.items()}).items():
             add(name, seconds)
+
+
+def torch_phases() -> contextlib.AbstractContextManager[None]:
+    """Split the torch compile inside the block into ``TORCH_STAGES`` from
+    torch's own timers (``dynamo_timed``), which nest: each stage here is
+    what its timer measured minus the timers inside it. Whatever the block
+    spent outside torch's timers (saving, warm-up) is the caller's to time."""
+    return _split_by(split_phases)
 
 
 def split_phases(m: Mapping[str, float]) -> dict[str, float]:
@@ -171,19 +175,10 @@ def aoti_package() -> Iterator[None]:
         add(AOTI, time.perf_counter() - t0 - covered)
 
 
-@contextlib.contextmanager
-def aoti_phases() -> Iterator[None]:
+def aoti_phases() -> contextlib.AbstractContextManager[None]:
     """Split AOTInductor's compile inside the block into lowering, codegen
     and the C++ compile, from torch's own timers (``split_aoti_phases``)."""
-    before = _metrics()
-    try:
-        yield
-    finally:
-        after = _metrics()
-        for name, seconds in split_aoti_phases(
-            {k: v - before.get(k, 0.0) for k, v in after.items()}
-        ).items():
-            add(name, seconds)
+    return _split_by(split_aoti_phases)
 
 
 def split_aoti_phases(m: Mapping[str, float]) -> dict[str, float]:

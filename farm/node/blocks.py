@@ -148,8 +148,9 @@ def direct_call(fn: Any) -> tuple[Callable[[dict[str, Any]], bool], Callable[...
     locals are always ``block``, ``inputs`` and ``kwargs``, so they are built
     here directly, and the guards still check every call. What else torch's
     call does (nothing more in 2.13's source; 2.11's profile shows the same
-    calls) this skips too: a torch that adds to it needs this read again (``tests/unit/test_blocks.py`` checks the
-    path is taken and that the guards still refuse)."""
+    calls) this skips too: a torch that adds to it needs this read again
+    (``tests/unit/test_blocks.py`` checks the path is taken and that the
+    guards still refuse)."""
     try:
         from torch._dynamo.aot_compile import AOTCompiledFunction
     except ImportError:
