@@ -183,9 +183,9 @@ def test_tensor_literal_gets_no_aoti_package_but_an_aot_compile_one(build_tmp: P
 
 
 def test_verifier_rejects_an_artifact_for_another_model(
-    mlp_inference: tuple[JobSpec, dict[str, Any]],
+    mlp_inference: MlpBuild,
 ) -> None:
-    _, arts = mlp_inference
+    _, arts, _ = mlp_inference
     other = JobSpec.from_json({**job("farm.zoo.basic:mlp", ["float32[4,64]"]).to_json(),
                                "model": {"entrypoint": "farm.zoo.basic:mlp",
                                          "kwargs": {"hidden": 96}}})
@@ -198,7 +198,7 @@ def test_verifier_rejects_an_artifact_for_another_model(
 
 
 def test_autotune_bundle_loads_and_installs_its_configs(
-    mlp_inference: tuple[JobSpec, dict[str, Any]], build_tmp: Path
+    mlp_inference: MlpBuild, build_tmp: Path
 ) -> None:
     """The bundle a CUDA build ships (torch's bytes plus ``.best_config``
     files): the loader installs the configs into the node's Inductor cache,
@@ -208,7 +208,7 @@ def test_autotune_bundle_loads_and_installs_its_configs(
 
     from farm.node.bundle import is_bundle, read_bundle, write_bundle
 
-    spec, arts = mlp_inference
+    spec, arts, _ = mlp_inference
     path = build_tmp / "bundle.bin"
     shutil.copy(arts["aot_compile"]["path"], path)
     _, shipped, meta = read_bundle(path)  # a CPU build's own bundle: its kernels
