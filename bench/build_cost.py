@@ -177,7 +177,7 @@ def main() -> None:
         compiler_for(args.device)
     t0 = time.perf_counter()
     # As a worker fills it: the sample AOTI package only for CPU packages.
-    filled = pch.fill_store(aoti=args.aoti and args.device == "cpu")
+    filled = pch.fill_store(aoti=pch.wants_aoti_sample(args.device, args.aoti))
     headers = ("off" if args.no_header_store else
                pch.describe_fill(filled, time.perf_counter() - t0))
 

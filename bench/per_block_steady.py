@@ -32,6 +32,7 @@ the host's time per call (until the call returns, before its synchronize;
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -52,9 +53,11 @@ from farm.build.compile import compile_artifacts  # noqa: E402
 from farm.core.inputs import parse_inputs  # noqa: E402
 from farm.core.modelref import apply_grad_mode, build_real, example_inputs  # noqa: E402
 from farm.core.specs import CompileOptions, GradMode, JobSpec, ModelRef  # noqa: E402
+from farm.node import blocks  # noqa: E402
 from farm.node.loader import load_artifact  # noqa: E402
 
 TORCH_CALL = "per-block, torch's call"
+GUARDS_OFF = "per-block, guard checks off"
 KWARGS = {"vocab": 1024, "dim": 128, "n_layers": 16, "n_heads": 4, "n_kv_heads": 2,
           "ffn_dim": 352}
 
@@ -110,8 +113,7 @@ def main() -> None:
         if synchronize:
             sync()
 
-    variants: dict[str, Any] = {}  # name -> a call of one step
-    unsynced: dict[str, Any] = {}  # name -> the same step without its synchronize
+    runs: dict[str, tuple[Any, torch.nn.Module, torch.Tensor]] = {}  # name -> (fn, model, x)
     for per_block in (False, True):
         s = spec(per_block)
         (art,) = compile_artifacts(s, device, Path(tempfile.mkdtemp()), formats=["aot_compile"])
@@ -119,27 +121,27 @@ def main() -> None:
         name = "per-block" if per_block else "full graph"
         m = model(s)
         fn = load_artifact(art.path, "aot_compile", module=m, trust_unverified=True)
-        variants[name] = lambda fn=fn, m=m, x=x: step(fn, m, x)
-        unsynced[name] = lambda fn=fn, m=m, x=x: step(fn, m, x, synchronize=False)
+        runs[name] = (fn, m, x)
         if per_block:
             # Before the node's direct block call (farm.node.blocks.direct_call):
             # each block through torch's AOTCompiledFunction.__call__.
             m_torch = model(s)
             via_torch = through_torchs_call(
                 load_artifact(art.path, "aot_compile", module=m_torch, trust_unverified=True))
-            variants[TORCH_CALL] = (
-                lambda f=via_torch, m=m_torch, x=x: step(f, m, x))
-            unsynced[TORCH_CALL] = (
-                lambda f=via_torch, m=m_torch, x=x: step(f, m, x, synchronize=False))
+            runs[TORCH_CALL] = (via_torch, m_torch, x)
         if per_block and not training:
             m_off = model(s)
             off = load_artifact(art.path, "aot_compile", module=m_off,
                                 trust_unverified=True, disable_guard_check=True)
-            variants["per-block, guard checks off"] = lambda f=off, m=m_off, x=x: step(f, m, x)
+            runs[GUARDS_OFF] = (off, m_off, x)
     eager_model = model(spec(False))
     (x,) = example_inputs(spec(False).inputs, device=device, mark_dynamic=False)
-    variants["eager"] = lambda: step(eager_model, eager_model, x)
-    unsynced["eager"] = lambda: step(eager_model, eager_model, x, synchronize=False)
+    runs["eager"] = (eager_model, eager_model, x)
+    # name -> a call of one step; and the same step without its synchronize
+    # (--profile, --launches; guard checks off is only timed).
+    variants = {name: functools.partial(step, *run) for name, run in runs.items()}
+    unsynced = {name: functools.partial(step, *run, synchronize=False)
+                for name, run in runs.items() if name != GUARDS_OFF}
 
     rounds: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
@@ -197,15 +199,8 @@ def through_torchs_call(loaded: Any) -> Any:
     blockwise = loaded.fn
     for name, fn in blockwise.functions.items():
         block = operator.attrgetter(name)(blockwise.module)
-        block.forward = _torch_forward(fn, block)
+        block.forward = blocks.through_torchs_call(fn, block)
     return loaded
-
-
-def _torch_forward(fn: Any, block: Any) -> Any:
-    def forward(*inputs: Any, **kwargs: Any) -> Any:
-        return fn(block, *inputs, **kwargs)
-
-    return forward
 
 
 def profile(call: Any, calls: int, sync: Any) -> None:

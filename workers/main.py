@@ -58,9 +58,9 @@ def run_worker(
         # the first builds (which compile without them until they are there).
         # The sample AOTI package (a third of the fill) only where this
         # worker builds CPU packages: AOTI's headers serve those alone.
-        from farm.build.pch import fill_in_background
+        from farm.build.pch import fill_in_background, wants_aoti_sample
 
-        fill_in_background(aoti=builds_aoti and t.device == "cpu")
+        fill_in_background(aoti=wants_aoti_sample(t.device, builds_aoti))
     else:
         raise SystemExit(f"unknown worker kind {kind!r}; known: trace, compile")
     lifecycle.configure(kind=kind, queue=queue, target=target)

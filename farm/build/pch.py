@@ -136,6 +136,14 @@ def _sample_aoti(store: Path) -> str:
     return f"filled for {compiler}"
 
 
+def wants_aoti_sample(device: str, builds_aoti: bool) -> bool:
+    """Whether a worker for ``device`` fills the store with the sample AOTI
+    package's headers: only where it builds AOTI packages on CPU, the only
+    packages that take their wrapper's header from the store
+    (``farm.build.aoti_compile``)."""
+    return builds_aoti and device == "cpu"
+
+
 def _marker(store: Path, env: Mapping[str, str], aoti: bool) -> Path:
     """One file per toolchain (and whether its fill took AOTI's headers): the
     store was filled for it."""

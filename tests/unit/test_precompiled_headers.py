@@ -259,3 +259,6 @@ def test_a_fill_without_aoti_does_not_count_for_a_worker_that_builds_aoti_packag
     assert "skipped" not in pch.fill_store(with_aoti, env=env, aoti=True)
     assert pch.fill_store(with_aoti, env=env, aoti=False)["skipped"] == "filled before"
     assert asked == [False, True, True]
+    # Which workers take the sample: CPU ones that build AOTI packages.
+    assert pch.wants_aoti_sample("cpu", True)
+    assert not pch.wants_aoti_sample("cuda", True) and not pch.wants_aoti_sample("cpu", False)
