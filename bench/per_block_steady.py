@@ -19,8 +19,13 @@ process's load moves a single timing by tens of percent, and interleaved
 rounds see the same load.
 
     .venv/bin/python bench/per_block_steady.py [--kind training] [--calls 100] [--rounds 5]
-        [--dim 128] [--tokens 1,64] [--device cuda] [--profile CALLS] [--launches CALLS]
-        [--out FILE]
+        [--dim 128] [--tokens 1,64] [--device cuda] [--cuda-graphs] [--profile CALLS]
+        [--launches CALLS] [--out FILE]
+
+``--cuda-graphs`` (GPU, inference) adds the full graph and per-block each
+replayed from a CUDA graph (``farm.node.cuda_graphs``, what a node's
+``compiled(..., cuda_graphs=True)`` does), and compares per-block so replayed
+against the full graph, replayed and as it is.
 
 ``--launches`` (GPU) says where a launch-bound call's time goes, for each
 variant: CUDA kernels launched per call and the GPU's busy time per call
@@ -54,10 +59,12 @@ from farm.core.inputs import parse_inputs  # noqa: E402
 from farm.core.modelref import apply_grad_mode, build_real, example_inputs  # noqa: E402
 from farm.core.specs import CompileOptions, GradMode, JobSpec, ModelRef  # noqa: E402
 from farm.node import blocks  # noqa: E402
+from farm.node.cuda_graphs import GraphedCalls  # noqa: E402
 from farm.node.loader import load_artifact  # noqa: E402
 
 TORCH_CALL = "per-block, torch's call"
 GUARDS_OFF = "per-block, guard checks off"
+GRAPHED = ", CUDA graphs"
 KWARGS = {"vocab": 1024, "dim": 128, "n_layers": 16, "n_heads": 4, "n_kv_heads": 2,
           "ffn_dim": 352}
 
@@ -79,6 +86,9 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=0, metavar="CALLS",
                     help="afterwards (GPU), count each variant's kernel launches and GPU busy "
                          "time per call over CALLS calls (torch.profiler)")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="(GPU, inference) also time the full graph and per-block each "
+                         "replayed from CUDA graphs")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     device = args.device
@@ -134,6 +144,10 @@ def main() -> None:
             off = load_artifact(art.path, "aot_compile", module=m_off,
                                 trust_unverified=True, disable_guard_check=True)
             runs[GUARDS_OFF] = (off, m_off, x)
+    if args.cuda_graphs and device.startswith("cuda") and not training:
+        for name in ("full graph", "per-block"):
+            fn, m, x = runs[name]
+            runs[name + GRAPHED] = (GraphedCalls(fn, m), m, x)
     eager_model = model(spec(False))
     (x,) = example_inputs(spec(False).inputs, device=device, mark_dynamic=False)
     runs["eager"] = (eager_model, eager_model, x)
@@ -166,6 +180,15 @@ def main() -> None:
             f"the full graph by round: {by_round('full graph', 'per-block')}; per-block "
             f"against per-block through torch's call: "
             f"{by_round(TORCH_CALL, 'per-block')}")
+    if "per-block" + GRAPHED in rounds:
+        line += (f"; with CUDA graphs, per-block against the full graph by round: "
+                 f"{by_round('full graph' + GRAPHED, 'per-block' + GRAPHED)}; per-block "
+                 f"replayed against the full graph as it is: "
+                 f"{by_round('full graph', 'per-block' + GRAPHED)}")
+        for name in ("full graph", "per-block"):
+            graphed = runs[name + GRAPHED][0]
+            if graphed.captured != 1 or graphed.reasons:
+                raise SystemExit(f"{name} was not replayed: {graphed.reasons}")
     print(line)
     if args.out:
         args.out.write_text(line + "\n")

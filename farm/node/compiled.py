@@ -209,7 +209,7 @@ class CompiledHandle:
         return self._future.result(timeout)
 
     def bind(self, module_or_fn: Any, *, fallback: bool = True,
-             timeout: float | None = None) -> Callable[..., Any]:
+             timeout: float | None = None, cuda_graphs: bool = False) -> Callable[..., Any]:
         """The callable that runs ``module_or_fn`` on the farm's artifact.
 
         With ``fallback`` (the default) any failure (no artifact, a download,
@@ -221,6 +221,12 @@ class CompiledHandle:
         (a module still in training mode is switched, with a log line) and
         under ``torch.no_grad()``, so a caller in torch's default grad mode
         gets the artifact rather than a guard failure.
+
+        ``cuda_graphs``: replay each inference call on a CUDA node from a
+        CUDA graph of its shapes (``farm.node.cuda_graphs``), recorded at
+        the shape's first call: one launch a call instead of the host's
+        work per kernel and per block. ``.cuda_graphs`` of the result says
+        how many it holds and why any call ran without one.
         """
         try:
             pre = self.result(timeout)
@@ -291,8 +297,10 @@ class CompiledHandle:
         offline = ", offline: from this node's cache" if pre.offline else ""
         served = (f"farm artifact {pre.digest[:12]} ({pre.format}) of {self.model}@{pre.version} "
                   f"for {pre.target}{offline}")
-        return FarmCompiled(fn, module_or_fn, prefetched=pre, reason=served,
-                            on_guard_failure=functools.partial(self._guard_failed, pre))
+        graphs = _with_cuda_graphs(fn, module_or_fn, pre) if cuda_graphs else None
+        return FarmCompiled(graphs or fn, module_or_fn, prefetched=pre, reason=served,
+                            on_guard_failure=functools.partial(self._guard_failed, pre),
+                            cuda_graphs=graphs)
 
     def _report(self, kind: str, pre: Prefetched | None, *, inputs: Any = None,
                 code: str | None = None, reason: str | None = None,
@@ -339,6 +347,21 @@ class CompiledHandle:
             self._report("fallback", None, code=code, reason=first_line(exc))
 
 
+def _with_cuda_graphs(fn: Callable[..., Any], module_or_fn: Any, pre: Prefetched) -> Any:
+    """``fn`` replayed from CUDA graphs, or None (logged: why not)."""
+    if pre.target.device != "cuda":
+        why = f"the artifact is for {pre.target.device}"
+    elif pre.grad_mode is not GradMode.INFERENCE:
+        why = "a training call's backward needs the autograd graph a replay does not keep"
+    else:
+        from farm.node.cuda_graphs import GraphedCalls
+
+        return GraphedCalls(fn, module_or_fn)
+    log.warning("torch-farm: cuda_graphs=True ignored: %s; calls run on the artifact as they are",
+                why)
+    return None
+
+
 def class_mismatch(artifact: dict[str, Any], module_or_fn: Any, *,
                    signed: Mapping[str, Any] | None = None) -> str | None:
     """Why ``artifact`` is not for ``module_or_fn``'s class (None: it is, or
@@ -372,18 +395,21 @@ class FarmCompiled:
     A call the artifact's guards reject (another grad mode, shape or dtype
     than it was built for) runs on JIT as well, rather than failing: guards
     are checked before any kernel runs, so nothing ran twice.
+    ``cuda_graphs``: the ``GraphedCalls`` that replays its calls (``bind``'s
+    ``cuda_graphs=True`` on a CUDA node), else None.
     """
 
     def __init__(self, fn: Callable[..., Any] | None, original: Any, *,
                  prefetched: Prefetched | None, reason: str | None,
-                 on_guard_failure: Callable[[str, tuple[Any, ...]], None] | None = None
-                 ) -> None:
+                 on_guard_failure: Callable[[str, tuple[Any, ...]], None] | None = None,
+                 cuda_graphs: Any = None) -> None:
         self._fn = fn
         self._original = original
         self._jit: Callable[..., Any] | None = None
         self._jit_lock = threading.Lock()
         self.prefetched = prefetched
         self.reason = reason
+        self.cuda_graphs = cuda_graphs
         self._inference = prefetched is not None and prefetched.grad_mode is GradMode.INFERENCE
         self._warned_guard = False
         self._on_guard_failure = on_guard_failure
@@ -526,6 +552,7 @@ def compiled(
     fallback: bool = True,
     overlap: bool = True,
     formats: Sequence[str] | None = None,
+    cuda_graphs: bool = False,
 ) -> Callable[..., Any]:
     """Run ``module_or_fn`` on the farm's artifact for its inputs.
 
@@ -547,6 +574,9 @@ def compiled(
     artifact (``farm submit --train``); None takes torch's grad mode now
     (or, without ``example_inputs``, at the first call).
 
+    ``cuda_graphs``: on a CUDA node, replay each inference call from a CUDA
+    graph recorded at its shape's first call (``CompiledHandle.bind``).
+
     Offline: when the farm cannot be reached, the resolve answer this node
     kept from an earlier resolve (``farm prefetch``) is used, with the same
     signature and digest checks, and the bytes come from the node's cache.
@@ -554,7 +584,8 @@ def compiled(
     device = _module_device(module_or_fn, example_inputs)
     if example_inputs is None:
         return _OnFirstCall(module_or_fn, model=model, ref=ref, grad_mode=grad_mode,
-                            target=target, client=client, fallback=fallback, formats=formats)
+                            target=target, client=client, fallback=fallback, formats=formats,
+                            cuda_graphs=cuda_graphs)
     try:
         handle = prefetch_compiled(model=model, ref=ref, example_inputs=example_inputs,
                                    grad_mode=grad_mode, target=target, device=device,
@@ -564,7 +595,7 @@ def compiled(
             raise
         log.warning("torch-farm: cannot ask the farm (%s); using JIT torch.compile", exc)
         return FarmCompiled(None, module_or_fn, prefetched=None, reason=str(exc))
-    return handle.bind(module_or_fn, fallback=fallback)
+    return handle.bind(module_or_fn, fallback=fallback, cuda_graphs=cuda_graphs)
 
 
 class _OnFirstCall:

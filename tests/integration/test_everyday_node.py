@@ -86,6 +86,17 @@ def test_readme_snippet_as_written_gets_the_farms_artifact(built: dict[str, str]
     assert out["grad_enabled"] is True
 
 
+def test_cuda_graphs_on_a_cpu_node_say_why_they_do_not_apply(built: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    """``cuda_graphs=True`` where the artifact is for the CPU: the artifact
+    runs as it is, and the log says why no graph replays it."""
+    env = {**built, "CLIENT_CACHE_DIR": str(tmp_path / "cache")}
+    out = _node(env, extra=", cuda_graphs=True")
+    assert out["source"] == "farm", out["log"][-3000:]
+    assert out["max_diff"] < 1e-4
+    assert "cuda_graphs=True ignored: the artifact is for cpu" in out["log"], out["log"][-3000:]
+
+
 def test_a_node_runs_its_prefetched_artifact_while_the_farm_is_down(
         built: dict[str, str], tmp_path: Path, farm: Farm) -> None:
     env = {**built, "CLIENT_CACHE_DIR": str(tmp_path / "cache")}

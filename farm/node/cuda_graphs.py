@@ -1,0 +1,326 @@
+"""A node's inference calls replayed as CUDA graphs: one launch a call.
+
+A small model's GPU call is launch-bound: on the H100 a 16-layer Llama at
+1x64 tokens keeps the GPU busy 0.55 ms of a 4-6 ms call
+(``bench/per_block_steady.py --launches``); the rest is the host's Python,
+guard checks and one launch per kernel. A per-block artifact pays torch's
+per-call machinery once per block on top. A CUDA graph records a whole call's
+kernels once and replays them with one launch, so neither the host's work
+nor the number of blocks counts on later calls.
+
+``GraphedCalls(fn, module)`` keeps one graph per call key and replays it.
+What a replay assumes, and how each assumption is kept:
+
+- The same program for the same inputs. The key is every tensor argument's
+  shape, stride, dtype and device, and every other argument's value. A key's
+  first call runs the artifact as usual (``WARM_UP_CALLS`` times, its guards
+  checked, so a call the artifact refuses is refused as it would be without
+  graphs), then records it.
+- The same torch state: the state Dynamo's guards check globally (grad mode,
+  autocast, default dtype, deterministic algorithms; torch's own
+  ``GlobalStateGuard``) is compared before each replay; a call under another
+  state runs as usual. Only calls without grad are replayed: a training call
+  runs as usual.
+- The same weights in the same memory: the parameters' and buffers'
+  addresses are compared before each replay, and a parameter, buffer or
+  submodule assigned anywhere (torch's module registration hooks) makes the
+  next call look again. Weights changed in place (``load_state_dict``) are
+  read by the replay; weights moved, cast or replaced are recorded anew.
+- Nothing read on the host inside the call. A forward that reads a tensor's
+  value (``.item()``, a data-dependent shape, a print of a tensor) cannot be
+  recorded: that key runs as usual, and ``reasons`` says why.
+- Results the caller may keep: a replay rewrites the graph's own output
+  memory, so each call returns copies of it.
+
+Not seen by a replay: a change to the module other than its weights that its
+forward reads (a flag, a Python attribute); call ``reset()`` after one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from farm.core.text import first_line
+
+log = logging.getLogger(__name__)
+
+# A key's first calls before it is recorded (torch's make_graphed_callables
+# warms up 3 times): lazy initialisation (cuBLAS handles, Triton's kernel
+# loads) must happen outside the capture.
+WARM_UP_CALLS = 3
+# Graphs kept per callable: each holds its inputs, outputs and memory pool.
+MAX_GRAPHS = 8
+# Keys remembered as not recordable (so their calls skip straight to the
+# artifact), beyond which new ones are not remembered.
+_MAX_REFUSED = 64
+
+# Bumped by torch's module registration hooks (a parameter, buffer or
+# submodule assigned anywhere): each GraphedCalls then looks at its
+# module's tensors again before its next replay.
+_generation = [0]
+_hooks_lock = threading.Lock()
+_hooks_installed = False
+
+
+class NotRecordable(ValueError):
+    """A call (or its result) that a CUDA graph cannot replay; the message
+    says why."""
+
+
+def _install_registration_hooks() -> None:
+    global _hooks_installed
+    with _hooks_lock:
+        if _hooks_installed:
+            return
+        from torch.nn.modules import module as nn_module
+
+        def bump(*_: Any) -> None:
+            _generation[0] += 1
+
+        for name in ("register_module_parameter_registration_hook",
+                     "register_module_buffer_registration_hook",
+                     "register_module_module_registration_hook"):
+            getattr(nn_module, name)(bump)
+        _hooks_installed = True
+
+
+def call_key(args: tuple[Any, ...], kwargs: dict[str, Any],
+             tensors: list[Any]) -> Hashable:
+    """The key of a call to ``fn(*args, **kwargs)``; appends its tensors to
+    ``tensors`` in order. Raises NotRecordable for an argument a replay
+    cannot stand for."""
+    return (_key(args, tensors), _key(kwargs, tensors))
+
+
+def _key(x: Any, tensors: list[Any]) -> Hashable:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
+            raise NotRecordable(f"an argument is a {type(x).__name__}, a tensor subclass")
+        if x.device.type != "cuda":
+            raise NotRecordable(f"an argument is on {x.device}, not a CUDA device")
+        tensors.append(x)
+        return ("tensor", tuple(x.shape), x.stride(), x.dtype, x.device, x.requires_grad)
+    if isinstance(x, (tuple, list)):
+        return (type(x).__name__, tuple(_key(v, tensors) for v in x))
+    if isinstance(x, dict):
+        return ("dict", tuple((k, _key(v, tensors)) for k, v in x.items()))
+    if x is None or isinstance(x, (bool, int, float, str, torch.dtype, torch.device)):
+        return (type(x).__name__, x)
+    raise NotRecordable(f"an argument is a {type(x).__name__}: only tensors, numbers, strings "
+                        "and lists, tuples and dicts of them are keyed")
+
+
+def _rebuild(x: Any, tensors: Any) -> Any:
+    """``x`` with its tensors taken, in order, from the iterator ``tensors``."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return next(tensors)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_rebuild(v, tensors) for v in x)
+    if isinstance(x, dict):
+        return {k: _rebuild(v, tensors) for k, v in x.items()}
+    return x
+
+
+def _static_copy(x: Any) -> Any:
+    """A tensor of ``x``'s shape and strides in memory of its own."""
+    import torch
+
+    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    try:
+        out.copy_(x)
+    except RuntimeError as exc:  # overlapping strides (an expanded tensor)
+        raise NotRecordable(f"an argument's strides overlap in memory ({exc})") from None
+    return out
+
+
+def _output_tensors(out: Any) -> list[Any]:
+    """The tensors of a recorded call's result; NotRecordable if the result
+    holds anything a copy of it could not be made of."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(out)
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if type(leaf) is not torch.Tensor:
+                raise NotRecordable(f"the result holds a {type(leaf).__name__}")
+        elif not (leaf is None or isinstance(leaf, (bool, int, float, str))):
+            raise NotRecordable(f"the result holds a {type(leaf).__name__}, which is not "
+                                "copied out of the graph's memory")
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+@dataclass
+class _Graph:
+    graph: Any
+    inputs: list[Any]       # where each replay's argument tensors are copied to
+    output: Any             # the recorded result (its tensors rewritten by each replay)
+    state: Any              # torch's GlobalStateGuard at the recording
+    weights: list[Any]      # the module's tensors at the recording
+    pointers: list[int]     # and their addresses
+    generation: int
+    done: Any = field(default=None)   # an event after the last replay's copies out
+
+
+class GraphedCalls:
+    """``fn`` (an artifact's callable over ``module``) with each no-grad call
+    replayed from a CUDA graph of its key (see the module's docstring).
+
+    ``captured``: how many graphs it holds; ``reasons``: why a call was not
+    replayed (by kind of call), for the node's log and its user."""
+
+    def __init__(self, fn: Callable[..., Any], module: Any, *,
+                 max_graphs: int = MAX_GRAPHS) -> None:
+        _install_registration_hooks()
+        self.fn = fn
+        self.module = module
+        self.max_graphs = max_graphs
+        self._graphs: dict[Hashable, _Graph] = {}
+        self._refused: dict[Hashable, str] = {}
+        self.reasons: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def captured(self) -> int:
+        return len(self._graphs)
+
+    def reset(self) -> None:
+        """Forget every graph (after changing what the forward reads other
+        than its weights)."""
+        with self._lock:
+            self._graphs.clear()
+            self._refused.clear()
+
+    def _refuse(self, what: str, reason: str) -> None:
+        if what not in self.reasons:
+            log.warning("torch-farm: %s runs without a CUDA graph: %s", what, reason)
+            self.reasons[what] = reason
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if torch.is_grad_enabled():
+            self._refuse("a call with grad enabled",
+                         "only calls without grad (inference) are replayed")
+            return self.fn(*args, **kwargs)
+        tensors: list[Any] = []
+        try:
+            key = call_key(args, kwargs, tensors)
+        except NotRecordable as exc:
+            self._refuse("a call", str(exc))
+            return self.fn(*args, **kwargs)
+        if not tensors:
+            self._refuse("a call without tensors", "nothing of it is on a CUDA device")
+            return self.fn(*args, **kwargs)
+        with self._lock:
+            if key in self._refused:
+                return self.fn(*args, **kwargs)
+            entry = self._graphs.get(key)
+            if entry is not None and not entry.state.check():
+                # Another grad, autocast or dtype state than recorded (for
+                # this call only, as a rule): the artifact's guards decide.
+                return self.fn(*args, **kwargs)
+            if entry is not None and self._same_weights(entry):
+                return self._replay(entry, tensors)
+            if entry is None and len(self._graphs) >= self.max_graphs:
+                self._refuse("a call of a new shape",
+                             f"{self.max_graphs} graphs are kept already")
+                return self.fn(*args, **kwargs)
+            return self._record(key, args, kwargs, tensors)
+
+    def _same_weights(self, entry: _Graph) -> bool:
+        """Whether the module's tensors are those ``entry`` recorded, in the
+        same memory (else it is recorded anew)."""
+        if entry.generation != _generation[0]:
+            if [id(t) for t in _module_tensors(self.module)] != [id(t) for t in entry.weights]:
+                return False
+            entry.generation = _generation[0]
+        return [t.data_ptr() for t in entry.weights] == entry.pointers
+
+    def _replay(self, entry: _Graph, tensors: list[Any]) -> Any:
+        import torch
+        from torch.utils._pytree import tree_map_only
+
+        stream = torch.cuda.current_stream(tensors[0].device)
+        if entry.done is not None:
+            # The last replay's results were copied out on its stream.
+            stream.wait_event(entry.done)
+        for static, x in zip(entry.inputs, tensors, strict=True):
+            static.copy_(x)
+        entry.graph.replay()
+        out = tree_map_only(torch.Tensor, torch.Tensor.clone, entry.output)
+        entry.done = torch.cuda.Event()
+        entry.done.record(stream)
+        return out
+
+    def _record(self, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any],
+                tensors: list[Any]) -> Any:
+        import torch
+        from torch._C._dynamo.guards import GlobalStateGuard
+
+        device = tensors[0].device
+        try:
+            inputs = [_static_copy(x) for x in tensors]
+        except NotRecordable as exc:
+            self._remember_refusal(key, "a call", str(exc))
+            return self.fn(*args, **kwargs)
+        s_args, s_kwargs = _rebuild((args, kwargs), iter(inputs))
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                # Errors here are the artifact's own (a guard's refusal
+                # included): the caller sees them as without graphs.
+                for _ in range(WARM_UP_CALLS):
+                    result = self.fn(*s_args, **s_kwargs)
+            torch.cuda.current_stream().wait_stream(side)
+            state = GlobalStateGuard()
+            weights = _module_tensors(self.module)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                # thread_local: other threads of the node (its downloads, the
+                # caller's own) are not stopped by this capture.
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    output = self.fn(*s_args, **s_kwargs)
+                _output_tensors(output)
+            except Exception as exc:  # any failure to record is a reason to run as it is
+                _forget(graph)
+                self._graphs.pop(key, None)
+                self._remember_refusal(key, "a call of this shape",
+                                       f"recording it failed ({type(exc).__name__}: "
+                                       f"{first_line(exc)})")
+                # The warm-up's result is this call's (its inputs' copy).
+                return result
+        self._graphs[key] = _Graph(graph=graph, inputs=inputs, output=output, state=state,
+                                   weights=weights, pointers=[t.data_ptr() for t in weights],
+                                   generation=_generation[0])
+        return self._replay(self._graphs[key], tensors)
+
+    def _remember_refusal(self, key: Hashable, what: str, reason: str) -> None:
+        self._refuse(what, reason)
+        if len(self._refused) < _MAX_REFUSED:
+            self._refused[key] = reason
+
+
+def _module_tensors(module: Any) -> list[Any]:
+    tensors: list[Any] = []
+    for get in ("parameters", "buffers"):
+        it = getattr(module, get, None)
+        if callable(it):
+            tensors.extend(it())
+    return tensors
+
+
+def _forget(graph: Any) -> None:
+    try:
+        graph.reset()
+    except RuntimeError as exc:  # a capture that never began has nothing to free
+        log.debug("resetting a failed CUDA graph: %s", exc)
