@@ -6,7 +6,7 @@
 # real full-graph and per-block artifact), then bench/per_block_steady.py
 # with --cuda-graphs: per-block and the full graph per call, each as it is
 # and replayed, side by side in one process (STEADY_ARGS adds options, e.g.
-# "--launches 20 --tokens 8,512 --dim 1024").
+# "--launches 20").
 #
 # Prepare here: scripts/gpu_wheels.sh (it carries pytest); run with the
 # device tool carrying .whl:
@@ -30,14 +30,17 @@ if [ "${TESTS_S:-200}" != 0 ]; then   # TESTS_S=0: not this time
   rc=$?
   stamp "tests rc=$rc"; tail -n 25 "$OUT/gpu_node_graphs-tests.log"
 fi
-for tokens in ${STEADY_TOKENS:-1,64}; do
+# STEADY_SHAPES: BATCH,SEQ:WIDTH of each bench run (default one launch-bound
+# call; "1,64:128 8,512:1024" adds one whose GPU work dominates).
+for shape in ${STEADY_SHAPES:-1,64:128}; do
   [ "${STEADY_S:-240}" != 0 ] || break
-  name="per_block_steady-cuda-graphs-${tokens/,/x}"
-  stamp "per_block_steady --cuda-graphs --tokens $tokens"
+  tokens=${shape%%:*} dim=${shape##*:}
+  name="per_block_steady-cuda-graphs-${tokens/,/x}-dim$dim"
+  stamp "per_block_steady --cuda-graphs --tokens $tokens --dim $dim"
   # shellcheck disable=SC2086
   timeout "${STEADY_S:-240}" python3 bench/per_block_steady.py --device cuda --kind inference \
-    --cuda-graphs --tokens "$tokens" --rounds "${STEADY_ROUNDS:-7}" --calls "${STEADY_CALLS:-100}" \
-    ${STEADY_ARGS:-} --out "$OUT/$name.txt" >"$OUT/$name.log" 2>&1
+    --cuda-graphs --tokens "$tokens" --dim "$dim" --rounds "${STEADY_ROUNDS:-7}" \
+    --calls "${STEADY_CALLS:-100}" ${STEADY_ARGS:-} --out "$OUT/$name.txt" >"$OUT/$name.log" 2>&1
   stamp "per_block_steady rc=$?"
   cat "$OUT/$name.txt" 2>/dev/null || tail -n 30 "$OUT/$name.log"
 done
