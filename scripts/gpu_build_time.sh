@@ -18,11 +18,8 @@
 #   OUT=$OUT bash scripts/gpu_build_time.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-bench/results}
-mkdir -p "$OUT"
-t0=$SECONDS
-stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 . scripts/gpu_carried.sh
+gpu_script_start
 use_carried_debs
 command -v bwrap >/dev/null || stamp "WARNING: no bwrap here: builds run unisolated, in fresh children (no zygote), unlike a worker's; carry .deb (scripts/gpu_check.sh says how)"
 install_carried_wheels .whl .whl-hf || exit 1

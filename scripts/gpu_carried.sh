@@ -1,7 +1,17 @@
 # Sourced by the GPU scripts (gpu_users.sh, gpu_sandbox.sh): what the lent
 # GPU host lacks, carried with the device call and set up without an install
 # step, and a cgroup v2 subtree for the builds where the host can give one.
-# Expects `stamp` (a timestamped echo) to be defined by the caller.
+# Expects `stamp` (a timestamped echo) to be defined by the caller, or
+# gpu_script_start to be called first.
+
+# A GPU script's start: results go to $OUT (else bench/results), and
+# `stamp` prints a line with the seconds since this call.
+gpu_script_start() {
+  OUT=${OUT:-bench/results}
+  mkdir -p "$OUT"
+  t0=$SECONDS
+  stamp() { echo "[$((SECONDS - t0)) s] $*"; }
+}
 
 # bubblewrap and libseccomp from Debian's packages in .deb/, unpacked into a
 # folder of their own and put on PATH / LD_LIBRARY_PATH (the GPU image has

@@ -13,11 +13,8 @@
 #   OUT=$OUT bash scripts/gpu_node_graphs.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-bench/results}
-mkdir -p "$OUT"
-t0=$SECONDS
-stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 . scripts/gpu_carried.sh
+gpu_script_start
 install_carried_wheels .whl || exit 1
 export CXX=${CXX:-/usr/bin/g++}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
