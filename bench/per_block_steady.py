@@ -186,9 +186,11 @@ def main() -> None:
                  f"replayed against the full graph as it is: "
                  f"{by_round('full graph', 'per-block' + GRAPHED)}")
         for name in ("full graph", "per-block"):
-            graphed = runs[name + GRAPHED][0]
+            graphed, _, x = runs[name + GRAPHED]
             if graphed.captured != 1 or graphed.reasons:
                 raise SystemExit(f"{name} was not replayed: {graphed.reasons}")
+            with torch.no_grad():   # a replay computes what the call does
+                torch.testing.assert_close(graphed(x), runs[name][0](x))
     print(line)
     if args.out:
         args.out.write_text(line + "\n")
