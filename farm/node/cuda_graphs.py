@@ -221,20 +221,23 @@ class GraphedCalls:
             self._refuse("a call without tensors", "nothing of it is on a CUDA device")
             return self.fn(*args, **kwargs)
         with self._lock:
-            if key in self._refused:
-                return self.fn(*args, **kwargs)
+            # The graph's input and output memory is shared by its calls: one
+            # replay (or recording) at a time. A call run as it is needs no lock.
             entry = self._graphs.get(key)
-            if entry is not None and not entry.state.check():
+            if key in self._refused:
+                pass
+            elif entry is not None and not entry.state.check():
                 # Another grad, autocast or dtype state than recorded (for
                 # this call only, as a rule): the artifact's guards decide.
-                return self.fn(*args, **kwargs)
-            if entry is not None and self._same_weights(entry):
+                pass
+            elif entry is not None and self._same_weights(entry):
                 return self._replay(entry, tensors)
-            if entry is None and len(self._graphs) >= self.max_graphs:
+            elif entry is None and len(self._graphs) >= self.max_graphs:
                 self._refuse("a call of a new shape",
                              f"{self.max_graphs} graphs are kept already")
-                return self.fn(*args, **kwargs)
-            return self._record(key, args, kwargs, tensors)
+            else:
+                return self._record(key, args, kwargs, tensors)
+        return self.fn(*args, **kwargs)
 
     def _same_weights(self, entry: _Graph) -> bool:
         """Whether the module's tensors are those ``entry`` recorded, in the
