@@ -282,9 +282,14 @@ class GraphedCalls:
             with torch.cuda.stream(side):
                 # Errors here are the artifact's own (a guard's refusal
                 # included): the caller sees them as without graphs.
-                for _ in range(WARM_UP_CALLS):
+                for _ in range(WARM_UP_CALLS - 1):
                     result = self.fn(*s_args, **s_kwargs)
+                synchronizes = _synchronizes(lambda: self.fn(*s_args, **s_kwargs))
             torch.cuda.current_stream().wait_stream(side)
+            if synchronizes:
+                self._remember_refusal(key, "a call of this shape",
+                                       f"it waits for the GPU on the host ({synchronizes})")
+                return result
             state = GlobalStateGuard()
             weights = _module_tensors(self.module)
             graph = torch.cuda.CUDAGraph()
@@ -296,6 +301,7 @@ class GraphedCalls:
                 _output_tensors(output)
             except Exception as exc:  # any failure to record is a reason to run as it is
                 _forget(graph)
+                _end_broken_capture()
                 self._graphs.pop(key, None)
                 self._remember_refusal(key, "a call of this shape",
                                        f"recording it failed ({type(exc).__name__}: "
@@ -320,6 +326,55 @@ def _module_tensors(module: Any) -> list[Any]:
         if callable(it):
             tensors.extend(it())
     return tensors
+
+
+def _synchronizes(call: Callable[[], Any]) -> str | None:
+    """Why ``call`` cannot be recorded because it waits for the GPU on the
+    host (``.item()``, a data-dependent shape, a copy to the CPU), or None.
+
+    Found before recording, with torch's sync debug mode: a capture that
+    fails half-way leaves torch's CUDA random generator in capture, and
+    every later random op of the process fails ("Offset increment outside
+    graph capture"; ``_end_broken_capture`` mends what it can). The mode is
+    the process's: for this one call, another thread's wait raises too."""
+    import torch
+
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call()
+    except RuntimeError as exc:
+        if "synchroniz" not in str(exc):
+            raise
+        return first_line(exc)
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+    return None
+
+
+def _end_broken_capture() -> None:
+    """Take torch's CUDA random generator out of a capture that failed.
+
+    torch 2.11's ``CUDAGraph::capture_end`` ends the generators' capture
+    only after the stream's capture ended well, so a failure before that
+    leaves the generator capturing (seen on an H100: every later
+    ``normal_`` on the GPU raised); an empty capture begins and ends it
+    again. (Later torch keeps that state per capture, and ``reset`` of the
+    failed graph removes it.)"""
+    import warnings
+
+    import torch
+
+    try:
+        empty = torch.cuda.CUDAGraph()
+        with warnings.catch_warnings():   # "The CUDA Graph is empty": it is meant to be
+            warnings.simplefilter("ignore")
+            with torch.cuda.graph(empty, capture_error_mode="thread_local"):
+                pass
+        _forget(empty)
+    except RuntimeError as exc:
+        log.warning("torch-farm: after a failed CUDA graph capture, its cleanup failed "
+                    "too (%s): random ops on this GPU may fail", first_line(exc))
 
 
 def _forget(graph: Any) -> None:

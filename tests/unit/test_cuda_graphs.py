@@ -32,12 +32,15 @@ class Counted(torch.nn.Module):
         self.b = torch.nn.Linear(64, 16)
         self.calls = 0
         self.read_a_value = False
+        self.query_the_stream = False
 
     def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         self.calls += 1
         h = torch.relu(self.a(x))
         if self.read_a_value and h.sum().item() > -1:   # a host read: not recordable
             h = h * 1.0
+        if self.query_the_stream:   # no wait, but not allowed while recording
+            torch.cuda.current_stream().query()
         return self.b(h) * scale
 
 
@@ -144,7 +147,29 @@ def test_a_forward_that_reads_a_value_runs_on_the_artifact_with_the_reason() -> 
     torch.testing.assert_close(second, _eager(m, x))
     assert m.calls == calls + 1                 # not recorded again: run as it is
     assert g.captured == 0
+    # Found before recording: the host waited for the GPU.
+    assert "waits for the GPU on the host" in g.reasons["a call of this shape"]
+    assert torch.randn(4, device="cuda").isfinite().all()
+
+
+@cuda
+def test_a_recording_that_fails_leaves_the_gpu_usable() -> None:
+    """A capture that fails half-way leaves torch's CUDA random generator
+    capturing: every later random op would fail, unless mended."""
+    m, g = _graphed("cuda")
+    m.query_the_stream = True
+    x = torch.randn(8, 32, device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(g(x), _eager(m, x))
+    assert g.captured == 0
     assert "recording it failed" in g.reasons["a call of this shape"]
+    assert torch.randn(4, device="cuda").isfinite().all()
+    torch.nn.init.normal_(torch.empty(8, 8, device="cuda"))
+    # And a recordable model records after it.
+    m2, g2 = _graphed("cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(g2(x), _eager(m2, x))
+    assert g2.captured == 1
 
 
 @cuda
