@@ -5,13 +5,21 @@ targets ("auto": this node's)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from farm.core.inputs import TensorSpec, canonical_inputs, parse_inputs
 from farm.core.specs import GradMode, SpecError
 from farm.core.target import Target
+
+
+def module_tensors(module_or_fn: Any) -> Iterator[Any]:
+    """A module's parameters, then its buffers; nothing for a function."""
+    for get in ("parameters", "buffers"):
+        tensors = getattr(module_or_fn, get, None)
+        if callable(tensors):
+            yield from tensors()
 
 
 def is_loopback(url: str) -> bool:

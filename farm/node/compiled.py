@@ -38,7 +38,7 @@ from farm.core.inputs import TensorSpec
 from farm.core.specs import GradMode, SpecError
 from farm.core.target import Target, TargetError
 from farm.core.text import first_line
-from farm.node.arguments import as_grad_mode, as_input_specs, as_target
+from farm.node.arguments import as_grad_mode, as_input_specs, as_target, module_tensors
 from farm.node.client import FarmClient
 from farm.node.errors import (
     FarmError,
@@ -498,11 +498,8 @@ def default_client() -> FarmClient:
 
 
 def _module_device(module_or_fn: Any, example_inputs: Any) -> str | None:
-    for get in ("parameters", "buffers"):
-        it = getattr(module_or_fn, get, None)
-        if callable(it):
-            for p in it():
-                return str(p.device.type)
+    for t in module_tensors(module_or_fn):
+        return str(t.device.type)
     for x in example_inputs or ():
         if hasattr(x, "device") and hasattr(x, "shape"):
             return str(x.device.type)

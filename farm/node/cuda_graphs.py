@@ -44,7 +44,11 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+from torch.utils._pytree import tree_flatten, tree_map_only
+
 from farm.core.text import first_line
+from farm.node.arguments import module_tensors
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +101,6 @@ def call_key(args: tuple[Any, ...], kwargs: dict[str, Any],
 
 
 def _key(x: Any, tensors: list[Any]) -> Hashable:
-    import torch
-
     if isinstance(x, torch.Tensor):
         if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
             raise NotRecordable(f"an argument is a {type(x).__name__}, a tensor subclass")
@@ -118,8 +120,6 @@ def _key(x: Any, tensors: list[Any]) -> Hashable:
 
 def _rebuild(x: Any, tensors: Any) -> Any:
     """``x`` with its tensors taken, in order, from the iterator ``tensors``."""
-    import torch
-
     if isinstance(x, torch.Tensor):
         return next(tensors)
     if isinstance(x, (tuple, list)):
@@ -131,8 +131,6 @@ def _rebuild(x: Any, tensors: Any) -> Any:
 
 def _static_copy(x: Any) -> Any:
     """A tensor of ``x``'s shape and strides in memory of its own."""
-    import torch
-
     out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
     try:
         out.copy_(x)
@@ -141,12 +139,9 @@ def _static_copy(x: Any) -> Any:
     return out
 
 
-def _output_tensors(out: Any) -> list[Any]:
-    """The tensors of a recorded call's result; NotRecordable if the result
-    holds anything a copy of it could not be made of."""
-    import torch
-    from torch.utils._pytree import tree_flatten
-
+def _check_output(out: Any) -> None:
+    """NotRecordable if a recorded call's result holds anything a copy of it
+    could not be made of."""
     leaves, _ = tree_flatten(out)
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
@@ -155,7 +150,6 @@ def _output_tensors(out: Any) -> list[Any]:
         elif not (leaf is None or isinstance(leaf, (bool, int, float, str))):
             raise NotRecordable(f"the result holds a {type(leaf).__name__}, which is not "
                                 "copied out of the graph's memory")
-    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
 
 @dataclass
@@ -167,7 +161,9 @@ class _Graph:
     weights: list[Any]      # the module's tensors at the recording
     pointers: list[int]     # and their addresses
     generation: int
-    done: Any = field(default=None)   # an event after the last replay's copies out
+    # Recorded after each replay's copies out; waiting on it before it was
+    # ever recorded waits for nothing.
+    done: Any = field(default_factory=lambda: torch.cuda.Event())
 
 
 class GraphedCalls:
@@ -184,7 +180,7 @@ class GraphedCalls:
         self.module = module
         self.max_graphs = max_graphs
         self._graphs: dict[Hashable, _Graph] = {}
-        self._refused: dict[Hashable, str] = {}
+        self._refused: set[Hashable] = set()
         self.reasons: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -205,8 +201,6 @@ class GraphedCalls:
             self.reasons[what] = reason
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        import torch
-
         if torch.is_grad_enabled():
             self._refuse("a call with grad enabled",
                          "only calls without grad (inference) are replayed")
@@ -243,30 +237,24 @@ class GraphedCalls:
         """Whether the module's tensors are those ``entry`` recorded, in the
         same memory (else it is recorded anew)."""
         if entry.generation != _generation[0]:
-            if [id(t) for t in _module_tensors(self.module)] != [id(t) for t in entry.weights]:
+            if [id(t) for t in module_tensors(self.module)] != [id(t) for t in entry.weights]:
                 return False
             entry.generation = _generation[0]
         return [t.data_ptr() for t in entry.weights] == entry.pointers
 
     def _replay(self, entry: _Graph, tensors: list[Any]) -> Any:
-        import torch
-        from torch.utils._pytree import tree_map_only
-
         stream = torch.cuda.current_stream(tensors[0].device)
-        if entry.done is not None:
-            # The last replay's results were copied out on its stream.
-            stream.wait_event(entry.done)
+        # The last replay's results were copied out on its stream.
+        stream.wait_event(entry.done)
         for static, x in zip(entry.inputs, tensors, strict=True):
             static.copy_(x)
         entry.graph.replay()
         out = tree_map_only(torch.Tensor, torch.Tensor.clone, entry.output)
-        entry.done = torch.cuda.Event()
         entry.done.record(stream)
         return out
 
     def _record(self, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any],
                 tensors: list[Any]) -> Any:
-        import torch
         from torch._C._dynamo.guards import GlobalStateGuard
 
         device = tensors[0].device
@@ -291,14 +279,14 @@ class GraphedCalls:
                                        f"it waits for the GPU on the host ({synchronizes})")
                 return result
             state = GlobalStateGuard()
-            weights = _module_tensors(self.module)
+            weights = list(module_tensors(self.module))
             graph = torch.cuda.CUDAGraph()
             try:
                 # thread_local: other threads of the node (its downloads, the
                 # caller's own) are not stopped by this capture.
                 with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     output = self.fn(*s_args, **s_kwargs)
-                _output_tensors(output)
+                _check_output(output)
             except Exception as exc:  # any failure to record is a reason to run as it is
                 _forget(graph)
                 _end_broken_capture()
@@ -316,16 +304,7 @@ class GraphedCalls:
     def _remember_refusal(self, key: Hashable, what: str, reason: str) -> None:
         self._refuse(what, reason)
         if len(self._refused) < _MAX_REFUSED:
-            self._refused[key] = reason
-
-
-def _module_tensors(module: Any) -> list[Any]:
-    tensors: list[Any] = []
-    for get in ("parameters", "buffers"):
-        it = getattr(module, get, None)
-        if callable(it):
-            tensors.extend(it())
-    return tensors
+            self._refused.add(key)
 
 
 def _synchronizes(call: Callable[[], Any]) -> str | None:
@@ -337,8 +316,6 @@ def _synchronizes(call: Callable[[], Any]) -> str | None:
     every later random op of the process fails ("Offset increment outside
     graph capture"; ``_end_broken_capture`` mends what it can). The mode is
     the process's: for this one call, another thread's wait raises too."""
-    import torch
-
     before = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -362,8 +339,6 @@ def _end_broken_capture() -> None:
     again. (Later torch keeps that state per capture, and ``reset`` of the
     failed graph removes it.)"""
     import warnings
-
-    import torch
 
     try:
         empty = torch.cuda.CUDAGraph()

@@ -35,6 +35,7 @@ from typing import Any
 from farm.core.cpu_isa import aten_capability
 from farm.core.torch_compat import enable_aot_compile
 from farm.node import blocks, bundle
+from farm.node.arguments import module_tensors
 
 log = logging.getLogger(__name__)
 
@@ -485,11 +486,8 @@ def _load_aoti(path: Path, module: Any, *, device_index: int) -> Callable[..., A
 def _cuda_index(module: Any) -> int:
     """The GPU the module's weights are on (-1: none, or not a module): a CUDA
     package runs its kernels on the device it is loaded for."""
-    for get in ("parameters", "buffers"):
-        tensors = getattr(module, get, None)
-        if callable(tensors):
-            for t in tensors():
-                return int(t.device.index or 0) if t.device.type == "cuda" else -1
+    for t in module_tensors(module):
+        return int(t.device.index or 0) if t.device.type == "cuda" else -1
     return -1
 
 
