@@ -22,10 +22,12 @@ rounds see the same load.
         [--dim 128] [--tokens 1,64] [--device cuda] [--cuda-graphs] [--profile CALLS]
         [--launches CALLS] [--out FILE]
 
-``--cuda-graphs`` (GPU, inference) adds the full graph and per-block each
-replayed from a CUDA graph (``farm.node.cuda_graphs``, what a node's
-``compiled(..., cuda_graphs=True)`` does), and compares per-block so replayed
-against the full graph, replayed and as it is.
+``--cuda-graphs`` (GPU) adds the full graph and per-block each replayed
+from CUDA graphs (``farm.node.cuda_graphs``, what a node's
+``compiled(..., cuda_graphs=True)`` does; a training step replays its
+forward and its backward), and compares per-block so replayed against the
+full graph, replayed and as it is; then checks a replay on other tokens
+against the artifact's own call (in training, its gradients too).
 
 ``--launches`` (GPU) says where a launch-bound call's time goes, for each
 variant: CUDA kernels launched per call and the GPU's busy time per call
@@ -87,8 +89,8 @@ def main() -> None:
                     help="afterwards (GPU), count each variant's kernel launches and GPU busy "
                          "time per call over CALLS calls (torch.profiler)")
     ap.add_argument("--cuda-graphs", action="store_true",
-                    help="(GPU, inference) also time the full graph and per-block each "
-                         "replayed from CUDA graphs")
+                    help="(GPU) also time the full graph and per-block each replayed from "
+                         "CUDA graphs (training: the forward and the backward)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     device = args.device
@@ -144,10 +146,10 @@ def main() -> None:
             off = load_artifact(art.path, "aot_compile", module=m_off,
                                 trust_unverified=True, disable_guard_check=True)
             runs[GUARDS_OFF] = (off, m_off, x)
-    if args.cuda_graphs and device.startswith("cuda") and not training:
+    if args.cuda_graphs and device.startswith("cuda"):
         for name in ("full graph", "per-block"):
             fn, m, x = runs[name]
-            runs[name + GRAPHED] = (GraphedCalls(fn, m), m, x)
+            runs[name + GRAPHED] = (GraphedCalls(fn, m, training=training), m, x)
     eager_model = model(spec(False))
     (x,) = example_inputs(spec(False).inputs, device=device, mark_dynamic=False)
     runs["eager"] = (eager_model, eager_model, x)
@@ -190,8 +192,9 @@ def main() -> None:
             if graphed.captured != 1 or graphed.reasons:
                 raise SystemExit(f"{name} was not replayed: {graphed.reasons}")
             other = torch.randint_like(x, 0, KWARGS["vocab"])   # not the recorded tokens
-            with torch.no_grad():   # a replay computes what the call does
-                torch.testing.assert_close(graphed(other), runs[name][0](other))
+            # A replay computes what the call does (in training, its gradients too).
+            torch.testing.assert_close(*(outcome(f, runs[name][1], other, training)
+                                         for f in (graphed, runs[name][0])))
     print(line)
     if args.out:
         args.out.write_text(line + "\n")
@@ -215,6 +218,21 @@ def main() -> None:
             if args.out:
                 with args.out.open("a") as f:
                     f.write(f"launches: {name}: {json.dumps(report)}\n")
+
+
+def outcome(f: Any, m: torch.nn.Module, x: torch.Tensor, training: bool) -> list[torch.Tensor]:
+    """What one call of ``f`` gives: its output, and in training the
+    parameters' gradients of the bench's loss (then cleared)."""
+    if not training:
+        with torch.no_grad():
+            return [f(x)]
+    y = f(x)
+    y = y if isinstance(y, torch.Tensor) else y[0]
+    y.float().sum().backward()
+    grads = [p.grad for p in m.parameters() if p.grad is not None]
+    for p in m.parameters():
+        p.grad = None
+    return [y.detach(), *grads]
 
 
 def through_torchs_call(loaded: Any) -> Any:

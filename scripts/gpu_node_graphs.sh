@@ -30,17 +30,20 @@ if [ "${TESTS_S:-200}" != 0 ]; then   # TESTS_S=0: not this time
   stamp "tests rc=$rc"; tail -n 25 "$OUT/gpu_node_graphs-tests.log"
 fi
 # STEADY_SHAPES: BATCH,SEQ:WIDTH of each bench run (default one launch-bound
-# call; "1,64:128 8,512:1024" adds one whose GPU work dominates).
-for shape in ${STEADY_SHAPES:-1,64:128}; do
-  [ "${STEADY_S:-240}" != 0 ] || break
-  tokens=${shape%%:*} dim=${shape##*:}
-  name="per_block_steady-cuda-graphs-${tokens/,/x}-dim$dim"
-  stamp "per_block_steady --cuda-graphs --tokens $tokens --dim $dim"
-  # shellcheck disable=SC2086
-  timeout "${STEADY_S:-240}" python3 bench/per_block_steady.py --device cuda --kind inference \
-    --cuda-graphs --tokens "$tokens" --dim "$dim" --rounds "${STEADY_ROUNDS:-7}" \
-    --calls "${STEADY_CALLS:-100}" ${STEADY_ARGS:-} --out "$OUT/$name.txt" >"$OUT/$name.log" 2>&1
-  stamp "per_block_steady rc=$?"
-  cat "$OUT/$name.txt" 2>/dev/null || tail -n 30 "$OUT/$name.log"
+# call; "1,64:128 8,512:1024" adds one whose GPU work dominates);
+# STEADY_KINDS: inference, training or both.
+for kind in ${STEADY_KINDS:-inference}; do
+  for shape in ${STEADY_SHAPES:-1,64:128}; do
+    [ "${STEADY_S:-240}" != 0 ] || break
+    tokens=${shape%%:*} dim=${shape##*:}
+    name="per_block_steady-cuda-graphs-$kind-${tokens/,/x}-dim$dim"
+    stamp "per_block_steady --kind $kind --cuda-graphs --tokens $tokens --dim $dim"
+    # shellcheck disable=SC2086
+    timeout "${STEADY_S:-240}" python3 bench/per_block_steady.py --device cuda --kind "$kind" \
+      --cuda-graphs --tokens "$tokens" --dim "$dim" --rounds "${STEADY_ROUNDS:-7}" \
+      --calls "${STEADY_CALLS:-100}" ${STEADY_ARGS:-} --out "$OUT/$name.txt" >"$OUT/$name.log" 2>&1
+    stamp "per_block_steady rc=$?"
+    cat "$OUT/$name.txt" 2>/dev/null || tail -n 30 "$OUT/$name.log"
+  done
 done
 exit $rc

@@ -222,10 +222,11 @@ class CompiledHandle:
         under ``torch.no_grad()``, so a caller in torch's default grad mode
         gets the artifact rather than a guard failure.
 
-        ``cuda_graphs``: replay each inference call on a CUDA node from a
-        CUDA graph of its shapes (``farm.node.cuda_graphs``), recorded at
-        the shape's first call: one launch a call instead of the host's
-        work per kernel and per block. ``.cuda_graphs`` of the result says
+        ``cuda_graphs``: replay each call on a CUDA node from CUDA graphs
+        of its shapes (``farm.node.cuda_graphs``), recorded at the shape's
+        first call: one launch a call instead of the host's work per kernel
+        and per block (a training artifact's call: its forward, then its
+        backward). ``.cuda_graphs`` of the result says
         how many it holds and why any call ran without one.
         """
         try:
@@ -349,14 +350,11 @@ class CompiledHandle:
 
 def _with_cuda_graphs(fn: Callable[..., Any], module_or_fn: Any, pre: Prefetched) -> Any:
     """``fn`` replayed from CUDA graphs, or None (logged: why not)."""
-    if pre.target.device != "cuda":
-        why = f"the artifact is for {pre.target.device}"
-    elif pre.grad_mode is not GradMode.INFERENCE:
-        why = "a training call's backward needs the autograd graph a replay does not keep"
-    else:
+    if pre.target.device == "cuda":
         from farm.node.cuda_graphs import GraphedCalls
 
-        return GraphedCalls(fn, module_or_fn)
+        return GraphedCalls(fn, module_or_fn, training=pre.grad_mode is not GradMode.INFERENCE)
+    why = f"the artifact is for {pre.target.device}"
     log.warning("torch-farm: cuda_graphs=True ignored: %s; calls run on the artifact as they are",
                 why)
     return None
@@ -571,8 +569,8 @@ def compiled(
     artifact (``farm submit --train``); None takes torch's grad mode now
     (or, without ``example_inputs``, at the first call).
 
-    ``cuda_graphs``: on a CUDA node, replay each inference call from a CUDA
-    graph recorded at its shape's first call (``CompiledHandle.bind``).
+    ``cuda_graphs``: on a CUDA node, replay each call from CUDA graphs
+    recorded at its shape's first call (``CompiledHandle.bind``).
 
     Offline: when the farm cannot be reached, the resolve answer this node
     kept from an earlier resolve (``farm prefetch``) is used, with the same

@@ -1,4 +1,5 @@
-"""A node's inference calls replayed as CUDA graphs: one launch a call.
+"""A node's calls replayed as CUDA graphs: one launch a call (two for a
+training call: its forward, then its backward).
 
 A small model's GPU call is launch-bound: on the H100 a 16-layer Llama at
 1x64 tokens keeps the GPU busy 0.55 ms of a 4-6 ms call
@@ -19,8 +20,8 @@ What a replay assumes, and how each assumption is kept:
 - The same torch state: the state Dynamo's guards check globally (grad mode,
   autocast, default dtype, deterministic algorithms; torch's own
   ``GlobalStateGuard``) is compared before each replay; a call under another
-  state runs as usual. Only calls without grad are replayed: a training call
-  runs as usual.
+  state runs as usual. Calls with grad are replayed only for a training
+  artifact (``training=True``), see below.
 - The same weights in the same memory: the parameters' and buffers'
   addresses are compared before each replay, and a parameter, buffer or
   submodule assigned anywhere (torch's module registration hooks) makes the
@@ -34,18 +35,38 @@ What a replay assumes, and how each assumption is kept:
 
 Not seen by a replay: a change to the module other than its weights that its
 forward reads (a flag, a Python attribute); call ``reset()`` after one.
+
+A training call (grad enabled, ``training=True``) is recorded as two graphs
+in one memory pool, as torch's ``make_graphed_callables`` does: the forward,
+and the backward from its outputs to the inputs that require grad and the
+module's trainable parameters. A replayed call returns outputs whose
+backward replays the second graph. That graph reads the activations the
+forward graph left in the pool, so two rules keep every gradient the one
+the call would have had without graphs:
+
+- A call whose key's last replay still waits for its backward (two forwards
+  before one backward: a loss summed over two calls) runs as it is.
+- A backward that comes after a later replay of its key overwrote its
+  activations (a graph kept with ``retain_graph`` and run again later)
+  raises rather than return another call's gradients.
+
+Gradients are handed to autograd as copies, so ``.grad`` accumulated over
+several steps adds each step's own. The module's ``training`` flag is part
+of a training call's key. Under ``torch.autocast`` its weight cache must be
+off (``cache_enabled=False``), as for torch's own graphed callables.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from farm.core.text import first_line
 from farm.node.arguments import module_tensors
@@ -159,25 +180,100 @@ class _Graph:
     output: Any             # the recorded result (its tensors rewritten by each replay)
     state: Any              # torch's GlobalStateGuard at the recording
     weights: list[Any]      # the module's tensors at the recording
-    pointers: list[int]     # and their addresses
+    pointers: list[tuple[int, bool]]   # and their addresses and requires_grad
     generation: int
     # Recorded after each replay's copies out; waiting on it before it was
     # ever recorded waits for nothing.
     done: Any = field(default_factory=lambda: torch.cuda.Event())
 
 
+@dataclass
+class _StepGraph(_Graph):
+    """A training call's two graphs (see the module's docstring)."""
+
+    backward: Any = None    # None: no output requires grad
+    spec: Any = None        # the result's structure; its tensors are ``output``'s
+    params: tuple[Any, ...] = ()        # trainable parameters, in the backward's inputs
+    needs_grad: tuple[bool, ...] = ()   # per output tensor: does the backward take its grad
+    grad_outputs: tuple[Any, ...] = ()  # where each replay's output grads are copied to
+    grad_inputs: tuple[Any, ...] = ()   # per input tensor, then per parameter: grad or None
+    replays: int = 0        # forwards replayed, so a backward knows whether it is the last's
+    awaiting: Any = None    # a weak reference to the last replay's token until its backward
+
+
+class _Token:
+    """Alive while a replayed training call's autograd graph is."""
+
+
+def _trainable(module: Any) -> tuple[Any, ...]:
+    params = getattr(module, "parameters", None)
+    return tuple(p for p in params() if p.requires_grad) if callable(params) else ()
+
+
+class _Step(torch.autograd.Function):
+    """A replayed training call: the forward graph, and as its backward the
+    backward graph. Inputs: the owner, the graph, a token, then the call's
+    tensors and the trainable parameters (so autograd hands their grads on)."""
+
+    @staticmethod
+    def forward(ctx: Any, owner: GraphedCalls, entry: _StepGraph, token: _Token,
+                *tensors: Any) -> Any:
+        n = len(entry.inputs)
+        stream = torch.cuda.current_stream(entry.inputs[0].device)
+        stream.wait_event(entry.done)
+        for static, x in zip(entry.inputs, tensors[:n], strict=True):
+            if static.data_ptr() != x.data_ptr():
+                static.copy_(x)
+        entry.graph.replay()
+        outs = tuple(o.clone() for o in entry.output)
+        entry.done.record(stream)
+        entry.replays += 1
+        entry.awaiting = weakref.ref(token)
+        ctx.owner, ctx.entry, ctx.token, ctx.replay = owner, entry, token, entry.replays
+        ctx.mark_non_differentiable(*(o for o, g in zip(outs, entry.needs_grad, strict=True)
+                                      if not g))
+        return outs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, *grads: Any) -> Any:
+        entry: _StepGraph = ctx.entry
+        with ctx.owner._lock:
+            if ctx.replay != entry.replays:
+                raise RuntimeError(
+                    "torch-farm: this backward belongs to a call replayed from a CUDA graph "
+                    "that was replayed again since, which overwrote the activations it "
+                    "needs: run each call's backward before the next call of its shape, or "
+                    "bind the artifact without cuda_graphs=True")
+            entry.awaiting = None
+            if entry.backward is not None:
+                for static, g, needed in zip(entry.grad_outputs, grads, entry.needs_grad,
+                                             strict=True):
+                    if needed and static.data_ptr() != g.data_ptr():
+                        static.copy_(g)
+                entry.backward.replay()
+            # Copies: autograd may keep a gradient as ``.grad`` itself, and the
+            # next replay rewrites the graph's own.
+            out = tuple(None if g is None else g.clone() for g in entry.grad_inputs)
+        return (None, None, None, *out)
+
+
 class GraphedCalls:
     """``fn`` (an artifact's callable over ``module``) with each no-grad call
     replayed from a CUDA graph of its key (see the module's docstring).
+
+    ``training``: calls with grad are replayed too, forward and backward
+    (a training artifact's).
 
     ``captured``: how many graphs it holds; ``reasons``: why a call was not
     replayed (by kind of call), for the node's log and its user."""
 
     def __init__(self, fn: Callable[..., Any], module: Any, *,
-                 max_graphs: int = MAX_GRAPHS) -> None:
+                 max_graphs: int = MAX_GRAPHS, training: bool = False) -> None:
         _install_registration_hooks()
         self.fn = fn
         self.module = module
+        self.training = training
         self.max_graphs = max_graphs
         self._graphs: dict[Hashable, _Graph] = {}
         self._refused: set[Hashable] = set()
@@ -201,9 +297,11 @@ class GraphedCalls:
             self.reasons[what] = reason
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.is_grad_enabled():
+        grad = torch.is_grad_enabled()
+        if grad and not self.training:
             self._refuse("a call with grad enabled",
-                         "only calls without grad (inference) are replayed")
+                         "only calls without grad (inference) are replayed for an inference "
+                         "artifact")
             return self.fn(*args, **kwargs)
         tensors: list[Any] = []
         try:
@@ -214,6 +312,14 @@ class GraphedCalls:
         if not tensors:
             self._refuse("a call without tensors", "nothing of it is on a CUDA device")
             return self.fn(*args, **kwargs)
+        if grad:
+            if torch.is_autocast_enabled() and torch.is_autocast_cache_enabled():
+                self._refuse("a training call under autocast",
+                             "autocast's weight cache is on: pass cache_enabled=False to "
+                             "torch.autocast")
+                return self.fn(*args, **kwargs)
+            key = ("grad", getattr(self.module, "training", None), key)
+            return self._training_call(key, args, kwargs, tensors)
         with self._lock:
             # The graph's input and output memory is shared by its calls: one
             # replay (or recording) at a time. A call run as it is needs no lock.
@@ -240,7 +346,7 @@ class GraphedCalls:
             if [id(t) for t in module_tensors(self.module)] != [id(t) for t in entry.weights]:
                 return False
             entry.generation = _generation[0]
-        return [t.data_ptr() for t in entry.weights] == entry.pointers
+        return _pointers(entry.weights) == entry.pointers
 
     def _replay(self, entry: _Graph, tensors: list[Any]) -> Any:
         stream = torch.cuda.current_stream(tensors[0].device)
@@ -297,14 +403,124 @@ class GraphedCalls:
                 # The warm-up's result is this call's (its inputs' copy).
                 return result
         self._graphs[key] = _Graph(graph=graph, inputs=inputs, output=output, state=state,
-                                   weights=weights, pointers=[t.data_ptr() for t in weights],
+                                   weights=weights, pointers=_pointers(weights),
                                    generation=_generation[0])
         return self._replay(self._graphs[key], tensors)
+
+    # --- training calls ------------------------------------------------------------------
+
+    def _training_call(self, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       tensors: list[Any]) -> Any:
+        with self._lock:
+            entry = self._graphs.get(key)
+            if key in self._refused or (entry is not None and not entry.state.check()):
+                pass   # as for an inference call
+            elif entry is not None and self._same_weights(entry):
+                assert isinstance(entry, _StepGraph)
+                if entry.awaiting is None or entry.awaiting() is None:
+                    return self._replay_step(entry, tensors)
+                self._refuse("a training call before the backward of the last one of its "
+                             "shape", "its replay would overwrite the activations that "
+                             "backward reads")
+            elif entry is None and len(self._graphs) >= self.max_graphs:
+                self._refuse("a call of a new shape", f"{self.max_graphs} graphs are kept already")
+            elif (step := self._record_step(key, args, kwargs, tensors)) is not None:
+                return self._replay_step(step, tensors)
+        return self.fn(*args, **kwargs)
+
+    def _replay_step(self, entry: _StepGraph, tensors: list[Any]) -> Any:
+        outs = _Step.apply(self, entry, _Token(), *tensors, *entry.params)
+        return tree_unflatten(list(outs), entry.spec)
+
+    def _record_step(self, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     tensors: list[Any]) -> _StepGraph | None:
+        """Record a training call's forward and backward graphs (None: it
+        cannot be, and the reason is kept). The caller runs the call itself."""
+        from torch._C._dynamo.guards import GlobalStateGuard
+
+        try:
+            inputs = [_static_copy(x).requires_grad_(x.requires_grad) for x in tensors]
+        except NotRecordable as exc:
+            self._remember_refusal(key, "a training call", str(exc))
+            return None
+        s_args, s_kwargs = _rebuild((args, kwargs), iter(inputs))
+        params = _trainable(self.module)
+        wrt = [x for x in inputs if x.requires_grad] + list(params)
+
+        def forward_and_backward() -> None:
+            leaves, _ = tree_flatten(self.fn(*s_args, **s_kwargs))
+            outs = [o for o in leaves if isinstance(o, torch.Tensor) and o.requires_grad]
+            if outs and wrt:
+                torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs],
+                                    allow_unused=True)
+
+        device = tensors[0].device
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARM_UP_CALLS - 1):
+                    forward_and_backward()
+                synchronizes = _synchronizes(forward_and_backward)
+            torch.cuda.current_stream().wait_stream(side)
+            if synchronizes:
+                self._remember_refusal(key, "a training call of this shape",
+                                       f"it waits for the GPU on the host ({synchronizes})")
+                return None
+            state = GlobalStateGuard()
+            weights = list(module_tensors(self.module))
+            pool = torch.cuda.graph_pool_handle()
+            forward, backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(forward, pool=pool, capture_error_mode="thread_local"):
+                    result = self.fn(*s_args, **s_kwargs)
+                _check_output(result)
+                leaves, spec = tree_flatten(result)
+                output = tuple(o for o in leaves if isinstance(o, torch.Tensor))
+                if len(output) != len(leaves):
+                    raise NotRecordable("the result holds values that are not tensors")
+                needs_grad = tuple(o.requires_grad for o in output)
+                grad_outputs = tuple(torch.empty_like(o) if g else None
+                                     for o, g in zip(output, needs_grad, strict=True))
+                grads: tuple[Any, ...] = (None,) * len(wrt)
+                if any(needs_grad) and wrt:
+                    # The backward's own memory in the forward's pool, after it:
+                    # replays run in this order.
+                    with torch.cuda.graph(backward, pool=pool, capture_error_mode="thread_local"):
+                        grads = torch.autograd.grad(
+                            [o for o, g in zip(output, needs_grad, strict=True) if g], wrt,
+                            [g for g in grad_outputs if g is not None], allow_unused=True)
+                else:
+                    _forget(backward)
+                    backward = None
+            except Exception as exc:  # any failure to record is a reason to run as it is
+                for graph in (forward, backward):
+                    if graph is not None:
+                        _forget(graph)
+                _end_broken_capture()
+                self._remember_refusal(key, "a training call of this shape",
+                                       f"recording it failed ({type(exc).__name__}: "
+                                       f"{first_line(exc)})")
+                return None
+        by_input = iter(grads)
+        grad_inputs = tuple(next(by_input) if x.requires_grad else None for x in inputs) + \
+            tuple(next(by_input) for _ in params)
+        entry = _StepGraph(graph=forward, inputs=inputs, output=output, state=state,
+                           weights=weights, pointers=_pointers(weights),
+                           generation=_generation[0], backward=backward, spec=spec,
+                           params=params, needs_grad=needs_grad, grad_outputs=grad_outputs,
+                           grad_inputs=grad_inputs)
+        self._graphs[key] = entry
+        return entry
 
     def _remember_refusal(self, key: Hashable, what: str, reason: str) -> None:
         self._refuse(what, reason)
         if len(self._refused) < _MAX_REFUSED:
             self._refused.add(key)
+
+
+def _pointers(weights: list[Any]) -> list[tuple[int, bool]]:
+    return [(t.data_ptr(), t.requires_grad) for t in weights]
 
 
 def _synchronizes(call: Callable[[], Any]) -> str | None:

@@ -1,11 +1,14 @@
-"""farm.node.cuda_graphs: a node's inference calls replayed from CUDA graphs.
+"""farm.node.cuda_graphs: a node's calls replayed from CUDA graphs.
 
 The refusals (a CPU tensor, grad on, an argument that cannot be keyed) run
 everywhere; recording and replaying need a GPU (``scripts/gpu_node_graphs.sh``
 runs this file there): a replay computes what the call would, sees weights
 changed in place, records anew when weights move or are replaced, leaves a
 forward that reads a tensor's value to the artifact with the reason, and
-serves a real per-block and full-graph artifact.
+serves a real per-block and full-graph artifact; a training call replays its
+forward and backward with the gradients of the call it stands for, over
+steps, accumulated, and where a second forward comes before the first's
+backward.
 """
 
 from __future__ import annotations
@@ -76,6 +79,16 @@ def test_a_call_with_grad_runs_as_it_is() -> None:
     out = g(x)
     assert out.requires_grad
     assert "only calls without grad" in g.reasons["a call with grad enabled"]
+
+
+def test_a_training_call_on_cpu_runs_as_it_is() -> None:
+    torch.manual_seed(0)
+    m = Counted()
+    g = GraphedCalls(m, m, training=True)
+    x = torch.randn(4, 32)
+    g(x).sum().backward()
+    assert m.a.weight.grad is not None
+    assert "cpu, not a CUDA device" in g.reasons["a call"]
 
 
 def test_an_argument_that_cannot_be_keyed_is_named() -> None:
@@ -224,4 +237,125 @@ def test_a_farm_artifact_replayed_matches_its_own_call(per_block: bool) -> None:
             torch.manual_seed(seed)
             (x,) = example_inputs(spec.inputs, device="cuda", mark_dynamic=False)
             torch.testing.assert_close(g(x), fn(x))
+    assert g.captured == 1 and not g.reasons
+
+
+# --- training calls: a GPU ------------------------------------------------------------------
+
+def _pair() -> tuple[Counted, Counted, GraphedCalls]:
+    """A model replayed in training and its twin run as it is."""
+    torch.manual_seed(0)
+    m = Counted().to("cuda").train()
+    twin = Counted().to("cuda").train()
+    twin.load_state_dict(m.state_dict())
+    return m, twin, GraphedCalls(m, m, training=True)
+
+
+def _grads(m: torch.nn.Module) -> list[torch.Tensor]:
+    out = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad(set_to_none=True)
+    return out
+
+
+@cuda
+def test_training_steps_replayed_give_the_calls_gradients() -> None:
+    m, twin, g = _pair()
+    opt, twin_opt = (torch.optim.SGD(mod.parameters(), lr=0.1) for mod in (m, twin))
+    for _ in range(4):
+        x = torch.randn(8, 32, device="cuda", requires_grad=True)
+        x_twin = x.detach().clone().requires_grad_()
+        loss, twin_loss = g(x).pow(2).mean(), twin(x_twin).pow(2).mean()
+        loss.backward()
+        twin_loss.backward()
+        torch.testing.assert_close(loss, twin_loss)
+        torch.testing.assert_close(x.grad, x_twin.grad)     # an input's gradient
+        for a, b in zip(m.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(a.grad, b.grad)
+        opt.step()            # in place: the next replay reads the new weights
+        twin_opt.step()
+        opt.zero_grad()
+        twin_opt.zero_grad()
+    # Recorded once (its warm-up calls and the recording), then replayed.
+    assert m.calls == WARM_UP_CALLS + 1
+    assert g.captured == 1 and not g.reasons
+    # Eval mode is another key: recorded apart.
+    m.eval()
+    twin.eval()
+    x = torch.randn(8, 32, device="cuda")
+    torch.testing.assert_close(g(x), twin(x))
+    assert g.captured == 2
+
+
+@cuda
+def test_gradients_accumulated_over_replayed_steps_are_each_steps_own() -> None:
+    m, twin, g = _pair()
+    xs = [torch.randn(8, 32, device="cuda") for _ in range(3)]
+    for x in xs:              # no zero_grad between them: .grad adds up
+        g(x).sum().backward()
+        twin(x).sum().backward()
+    for a, b in zip(_grads(m), _grads(twin), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@cuda
+def test_a_second_forward_before_the_first_backward_runs_as_it_is() -> None:
+    m, twin, g = _pair()
+    x, y = torch.randn(8, 32, device="cuda"), torch.randn(8, 32, device="cuda")
+    g(x).sum().backward()     # recorded
+    m.zero_grad(set_to_none=True)
+    calls = m.calls
+    (g(x).sum() + g(y).sum()).backward()    # one loss over two calls of one shape
+    (twin(x).sum() + twin(y).sum()).backward()
+    assert m.calls == calls + 1             # the second ran as it is
+    assert any("before the backward" in what for what in g.reasons)
+    # Its gradients are those of the two calls, not two of the second.
+    for a, b in zip(_grads(m), _grads(twin), strict=True):
+        torch.testing.assert_close(a, b)
+    # Once that graph is gone, the next call replays again.
+    calls = m.calls
+    g(x).sum().backward()
+    assert m.calls == calls
+
+
+@cuda
+def test_a_backward_after_a_later_replay_of_its_shape_raises() -> None:
+    _, _, g = _pair()
+    x = torch.randn(8, 32, device="cuda")
+    g(x).sum().backward()     # recorded
+    kept = g(x).sum()
+    kept.backward(retain_graph=True)
+    g(x).sum().backward()     # a later replay rewrote kept's activations
+    with pytest.raises(RuntimeError, match="replayed again since"):
+        kept.backward()
+
+
+@cuda
+def test_a_farm_training_artifact_replayed_gives_its_own_calls_gradients() -> None:
+    from farm.build.compile import compile_artifacts
+    from farm.core.inputs import parse_inputs
+    from farm.core.modelref import apply_grad_mode, build_real, example_inputs
+    from farm.core.specs import GradMode, JobSpec, ModelRef
+    from farm.node.loader import load_artifact
+
+    spec = JobSpec(name="graphs-train", version="1",
+                   model=ModelRef("farm.zoo.llama:llama",
+                                  kwargs={"vocab": 256, "dim": 64, "n_layers": 3, "n_heads": 2,
+                                          "n_kv_heads": 1, "ffn_dim": 176}),
+                   inputs=parse_inputs(["int64[1,16]{0..255}"]), grad_mode=GradMode.TRAINING)
+    (art,) = compile_artifacts(spec, "cuda", Path(tempfile.mkdtemp()), formats=["aot_compile"])
+    models = [build_real(spec.model, device="cuda", seed=0) for _ in range(2)]
+    for m in models:
+        apply_grad_mode(m, spec.grad_mode)
+    fns = [load_artifact(art.path, "aot_compile", module=m, trust_unverified=True)
+           for m in models]
+    g = GraphedCalls(fns[0], models[0], training=True)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        (x,) = example_inputs(spec.inputs, device="cuda", mark_dynamic=False)
+        losses = [f(x).float().pow(2).mean() for f in (g, fns[1])]
+        for loss in losses:
+            loss.backward()
+        torch.testing.assert_close(*losses)
+        for a, b in zip(_grads(models[0]), _grads(models[1]), strict=True):
+            torch.testing.assert_close(a, b)
     assert g.captured == 1 and not g.reasons
