@@ -371,15 +371,9 @@ class GraphedCalls:
             return self.fn(*args, **kwargs)
         s_args, s_kwargs = _rebuild((args, kwargs), iter(inputs))
         with torch.cuda.device(device):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                # Errors here are the artifact's own (a guard's refusal
-                # included): the caller sees them as without graphs.
-                for _ in range(WARM_UP_CALLS - 1):
-                    result = self.fn(*s_args, **s_kwargs)
-                synchronizes = _synchronizes(lambda: self.fn(*s_args, **s_kwargs))
-            torch.cuda.current_stream().wait_stream(side)
+            # Errors here are the artifact's own (a guard's refusal included):
+            # the caller sees them as without graphs.
+            result, synchronizes = _warm_up(lambda: self.fn(*s_args, **s_kwargs))
             if synchronizes:
                 self._remember_refusal(key, "a call of this shape",
                                        f"it waits for the GPU on the host ({synchronizes})")
@@ -448,6 +442,8 @@ class GraphedCalls:
         wrt = [x for x in inputs if x.requires_grad] + list(params)
 
         def forward_and_backward() -> None:
+            # As a replayed pair runs: a forward, then a backward of every
+            # output that requires grad.
             leaves, _ = tree_flatten(self.fn(*s_args, **s_kwargs))
             outs = [o for o in leaves if isinstance(o, torch.Tensor) and o.requires_grad]
             if outs and wrt:
@@ -456,13 +452,7 @@ class GraphedCalls:
 
         device = tensors[0].device
         with torch.cuda.device(device):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(WARM_UP_CALLS - 1):
-                    forward_and_backward()
-                synchronizes = _synchronizes(forward_and_backward)
-            torch.cuda.current_stream().wait_stream(side)
+            _, synchronizes = _warm_up(forward_and_backward)
             if synchronizes:
                 self._remember_refusal(key, "a training call of this shape",
                                        f"it waits for the GPU on the host ({synchronizes})")
@@ -517,6 +507,21 @@ class GraphedCalls:
         self._refuse(what, reason)
         if len(self._refused) < _MAX_REFUSED:
             self._refused.add(key)
+
+
+def _warm_up(call: Callable[[], Any]) -> tuple[Any, str | None]:
+    """``call`` run ``WARM_UP_CALLS`` times on a side stream, as before a
+    capture (lazy initialisation outside it), the last under torch's sync
+    debug mode: the result of the one before, and why the call cannot be
+    recorded (``_synchronizes``), or None."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARM_UP_CALLS - 1):
+            result = call()
+        synchronizes = _synchronizes(call)
+    torch.cuda.current_stream().wait_stream(side)
+    return result, synchronizes
 
 
 def _pointers(weights: list[Any]) -> list[tuple[int, bool]]:
