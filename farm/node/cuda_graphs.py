@@ -154,7 +154,8 @@ def _static_copy(x: Any) -> Any:
     """A tensor of ``x``'s shape and strides in memory of its own."""
     out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
     try:
-        out.copy_(x)
+        with torch.no_grad():   # a leaf of its own, not a step of the caller's graph
+            out.copy_(x)
     except RuntimeError as exc:  # overlapping strides (an expanded tensor)
         raise NotRecordable(f"an argument's strides overlap in memory ({exc})") from None
     return out
@@ -192,13 +193,17 @@ class _StepGraph(_Graph):
     """A training call's two graphs (see the module's docstring)."""
 
     backward: Any = None    # None: no output requires grad
-    spec: Any = None        # the result's structure; its tensors are ``output``'s
+    spec: Any = None        # the result's structure
+    constants: tuple[Any, ...] = ()     # its leaves: _TENSOR where ``output``'s go, else values
     params: tuple[Any, ...] = ()        # trainable parameters, in the backward's inputs
     needs_grad: tuple[bool, ...] = ()   # per output tensor: does the backward take its grad
     grad_outputs: tuple[Any, ...] = ()  # where each replay's output grads are copied to
     grad_inputs: tuple[Any, ...] = ()   # per input tensor, then per parameter: grad or None
     replays: int = 0        # forwards replayed, so a backward knows whether it is the last's
     awaiting: Any = None    # a weak reference to the last replay's token until its backward
+
+
+_TENSOR = object()   # in _StepGraph.constants: an output tensor's place
 
 
 class _Token:
@@ -423,8 +428,9 @@ class GraphedCalls:
         return self.fn(*args, **kwargs)
 
     def _replay_step(self, entry: _StepGraph, tensors: list[Any]) -> Any:
-        outs = _Step.apply(self, entry, _Token(), *tensors, *entry.params)
-        return tree_unflatten(list(outs), entry.spec)
+        outs = iter(_Step.apply(self, entry, _Token(), *tensors, *entry.params))
+        return tree_unflatten([next(outs) if c is _TENSOR else c for c in entry.constants],
+                              entry.spec)
 
     def _record_step(self, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any],
                      tensors: list[Any]) -> _StepGraph | None:
@@ -467,8 +473,8 @@ class GraphedCalls:
                 _check_output(result)
                 leaves, spec = tree_flatten(result)
                 output = tuple(o for o in leaves if isinstance(o, torch.Tensor))
-                if len(output) != len(leaves):
-                    raise NotRecordable("the result holds values that are not tensors")
+                # The result's other values (numbers, strings) are the key's.
+                constants = tuple(_TENSOR if isinstance(o, torch.Tensor) else o for o in leaves)
                 needs_grad = tuple(o.requires_grad for o in output)
                 grad_outputs = tuple(torch.empty_like(o) if g else None
                                      for o, g in zip(output, needs_grad, strict=True))
@@ -498,6 +504,7 @@ class GraphedCalls:
         entry = _StepGraph(graph=forward, inputs=inputs, output=output, state=state,
                            weights=weights, pointers=_pointers(weights),
                            generation=_generation[0], backward=backward, spec=spec,
+                           constants=constants,
                            params=params, needs_grad=needs_grad, grad_outputs=grad_outputs,
                            grad_inputs=grad_inputs)
         self._graphs[key] = entry
