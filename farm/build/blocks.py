@@ -34,6 +34,17 @@ against eager in a fresh process (``farm.build.verify``).
 The key is a lookup, not a proof: a stored function from a sandboxed
 child is as trusted as the Inductor cache entries beside it (the
 project's own builds wrote them).
+
+Compiled one after another, 16 distinct blocks cost twice a full graph's
+build on CPU: each block waits for its one or two kernels' compiler runs
+before the next is traced, so the compile threads sit idle, and each pays
+torch's per-graph work. ``precompile_in_parallel`` runs first where a fork
+is safe (a CPU target's build: no CUDA context, one thread): the model runs
+once as it is, and the distinct blocks that no stored function serves are
+compiled side by side in forked processes, which store them as above. The
+pass that follows finds them there, each checked by its guards as any
+stored function is; a block the processes did not compile (one that
+failed, or inputs the eager run shaped otherwise) is compiled by that pass.
 """
 
 from __future__ import annotations
@@ -44,7 +55,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,17 +94,21 @@ class BlockBuild:
     refused: int = 0
     # Each served block's exact key, in the order the forward called them.
     keys: list[str] = field(default_factory=list)
+    # Of ``compiled``: those compiled side by side before this pass
+    # (precompile_in_parallel), which it found stored.
+    in_parallel: int = 0
 
     def summary(self) -> dict[str, int]:
         return {"blocks": len(self.assignment), "functions": len(self.functions),
                 "compiled": self.compiled, "from_cache": self.from_cache,
-                "shared": self.shared, "guard_refusals": self.refused}
+                "shared": self.shared, "guard_refusals": self.refused,
+                "compiled_in_parallel": self.in_parallel}
 
 
 def compile_blocks(model: nn.Module, run: Callable[[], Any],
                    compile_one: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any],
                    load_one: Callable[[bytes], Any], *, context: Mapping[str, Any],
-                   cache: Path | None) -> BlockBuild:
+                   cache: Path | None, fresh: Collection[str] = ()) -> BlockBuild:
     """Run the model (``run()``) with each layer-list block served by a
     function compiled or reused at the block's first call, in the order the
     forward calls them; each block's output is its function's, so the next
@@ -103,7 +118,9 @@ def compile_blocks(model: nn.Module, run: Callable[[], Any],
 
     ``compile_one(block, args, kwargs)`` returns an ``aot_compile`` function
     of ``call_block``; ``load_one(bytes)`` loads a stored one. ``cache``: the
-    directory of stored functions (None: none)."""
+    directory of stored functions (None: none); ``fresh``: the keys this
+    build's ``precompile_in_parallel`` stored (their blocks count as
+    compiled)."""
     blocks = layer_blocks(model)
     if len(blocks) < 2:
         raise BlocksUnavailable(
@@ -135,7 +152,7 @@ def compile_blocks(model: nn.Module, run: Callable[[], Any],
                     "compilation compiles one program per block: build it without per_block")
             return fn(block, *args, **kwargs)
         index = _function_for(out, by_key, sources, block, *seen, compile_one=compile_one,
-                              load_one=load_one, context=context, cache=cache)
+                              load_one=load_one, context=context, cache=cache, fresh=fresh)
         out.assignment[name] = index
         return out.functions[index](block, *args, **kwargs)
 
@@ -159,6 +176,102 @@ def compile_blocks(model: nn.Module, run: Callable[[], Any],
             "per-block compilation serves the blocks the forward calls; build it without "
             "per_block")
     return out
+
+
+def precompile_in_parallel(model: nn.Module, run: Callable[[], Any],
+                           compile_one: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any],
+                           *, context: Mapping[str, Any], cache: Path | None,
+                           workers: int) -> set[str]:
+    """Compile the model's distinct blocks that ``cache`` has no function
+    for, in up to ``workers`` forked processes at once, each storing its
+    functions under the blocks' keys (see the module's docstring). Returns
+    the keys the processes stored (for ``compile_blocks``'s ``fresh``); none
+    where it does not apply (one block to compile, one worker, or a fork
+    that is not safe: logged). Blocks are told apart by their shape keys: of
+    layers that differ only in an attribute, one is compiled here, and the
+    pass after compiles the others if the guards refuse its function."""
+    import threading
+
+    if workers < 2 or cache is None:
+        return set()
+    why = ("the build has started CUDA" if torch.cuda.is_initialized() else
+           f"the build runs {threading.active_count()} threads" if threading.active_count() > 1
+           else None)
+    if why:
+        log.info("per-block: blocks compiled one after another (%s: no fork)", why)
+        return set()
+    todo = _distinct_uncached(model, run, context, cache)
+    if len(todo) < 2:
+        return set()
+    n = min(workers, len(todo))
+    pids = []
+    for w in range(n):
+        pid = os.fork()
+        if pid == 0:   # pragma: no cover - a forked child; its stores are what is checked
+            _compile_and_store(todo[w::n], compile_one, cache)
+        pids.append(pid)
+    failed = sum(1 for pid in pids if os.waitpid(pid, 0)[1] != 0)
+    stored = {key for *_, keys in todo for key in keys if (cache / key).is_file()}
+    log.info("per-block: %d distinct blocks compiled in %d processes side by side%s",
+             len(todo), n, f" ({failed} failed; the build compiles what they did not store)"
+             if failed else "")
+    return stored
+
+
+def _distinct_uncached(model: nn.Module, run: Callable[[], Any], context: Mapping[str, Any],
+                       cache: Path) -> list[tuple[nn.Module, tuple[Any, ...], dict[str, Any],
+                                                  list[str]]]:
+    """The model run once with its blocks as they are: each block's first
+    inputs, and of those with a shape key no other block has and no stored
+    function under either key, (block, args, kwargs, keys) in call order."""
+    seen: dict[str, tuple[nn.Module, tuple[Any, ...], dict[str, Any]]] = {}
+
+    def watched(name: str, block: nn.Module) -> Callable[..., Any]:
+        forward = block.forward
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if name not in seen:
+                seen[name] = (block, _detached(args), _detached(kwargs))
+            return forward(*args, **kwargs)
+        return call
+
+    blocks = layer_blocks(model)
+    for name, block in blocks:
+        block.forward = watched(name, block)
+    try:
+        run()
+    finally:
+        for _, block in blocks:
+            vars(block).pop("forward", None)
+    sources: dict[str, str] = {}
+    todo: dict[str, tuple[nn.Module, tuple[Any, ...], dict[str, Any], list[str]]] = {}
+    for block, args, kwargs in seen.values():
+        keys = [block_key(block, args, kwargs, context, sources=sources, attributes=a)
+                for a in (True, False)]
+        if keys[1] not in todo and not any((cache / key).is_file() for key in keys):
+            todo[keys[1]] = (block, args, kwargs, keys)
+    return list(todo.values())
+
+
+def _compile_and_store(todo: list[tuple[nn.Module, tuple[Any, ...], dict[str, Any], list[str]]],
+                       compile_one: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any],
+                       cache: Path) -> None:  # pragma: no cover - runs in a forked child
+    """A forked process's work: compile and store each of ``todo``, its
+    kernels one at a time (the processes are the parallelism; an Inductor
+    pool of its own would start a Python per thread), then exit."""
+    code = 1
+    try:
+        with torch._inductor.config.patch(compile_threads=1):
+            for block, args, kwargs, keys in todo:
+                data = _saved_bytes(compile_one(block, args, kwargs))
+                for key in keys:
+                    store_bytes(cache / key, data)
+        code = 0
+    except BaseException as exc:   # the pass after compiles what is missing
+        log.warning("per-block: a block compiled beside the others failed (%s); the build "
+                    "compiles it again", exc)
+    finally:
+        os._exit(code)
 
 
 def _detached(value: Any) -> Any:
@@ -258,7 +371,7 @@ def _function_for(out: BlockBuild, by_key: dict[str, list[int]], sources: dict[s
                   block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                   compile_one: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any],
                   load_one: Callable[[bytes], Any], context: Mapping[str, Any],
-                  cache: Path | None) -> int:
+                  cache: Path | None, fresh: Collection[str] = ()) -> int:
     """The index in ``out`` of the function that serves ``block`` on these
     inputs: one of this build's, a stored one, or a new one."""
     keys = [block_key(block, args, kwargs, context, sources=sources, attributes=a)
@@ -270,6 +383,10 @@ def _function_for(out: BlockBuild, by_key: dict[str, list[int]], sources: dict[s
         for key in keys:
             index = _from_cache(out, cache, key, load_one, block, args, kwargs)
             if index is not None:
+                if key in fresh:   # stored by this build's processes a moment ago
+                    out.from_cache -= 1
+                    out.compiled += 1
+                    out.in_parallel += 1
                 break
     if index is None:
         fn = compile_one(block, args, kwargs)
@@ -366,4 +483,4 @@ def store_bytes(path: Path, data: bytes) -> None:
 
 
 __all__ = ["CACHE_SUBDIR", "BlockBuild", "BlocksUnavailable", "block_key", "call_block",
-           "compile_blocks", "store_bytes"]
+           "compile_blocks", "precompile_in_parallel", "store_bytes"]

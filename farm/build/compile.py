@@ -590,6 +590,7 @@ def _compile_per_block(spec: JobSpec, model: Any, args: tuple[Any, ...], kwargs:
         BlocksUnavailable,
         call_block,
         compile_blocks,
+        precompile_in_parallel,
     )
     from farm.node.blocks import BlockwiseModel, pack
 
@@ -617,9 +618,20 @@ def _compile_per_block(spec: JobSpec, model: Any, args: tuple[Any, ...], kwargs:
                "grad_mode": spec.grad_mode.value, "options": spec.options.canonical(),
                "compile_options": repr(sorted((k, repr(v)) for k, v in options.items()
                                               if k != "guard_filter_fn"))}
+    def run() -> Any:
+        return model(*args[1:], **kwargs)
+
+    fresh: set[str] = set()
+    if device.type == "cpu":
+        # Where a fork is safe (no CUDA context): distinct blocks compiled
+        # side by side, one process per compile thread this build has.
+        with stage_times.stage(stage_times.BLOCKS_IN_PARALLEL):
+            fresh = precompile_in_parallel(
+                model, run, compile_one, context=context, cache=cache_root / CACHE_SUBDIR,
+                workers=int(torch._inductor.config.compile_threads))
     try:
-        made = compile_blocks(model, lambda: model(*args[1:], **kwargs), compile_one, load_one,
-                              context=context, cache=cache_root / CACHE_SUBDIR)
+        made = compile_blocks(model, run, compile_one, load_one,
+                              context=context, cache=cache_root / CACHE_SUBDIR, fresh=fresh)
     except BlocksUnavailable as exc:
         raise CompileError(str(exc)) from None
     log.info("per-block: %s", made.summary())

@@ -26,6 +26,9 @@ IMPORTS = "imports"  # torch, Dynamo, Inductor: ~0 in a child forked warm
 GRAPH_CHECK = "graph check"  # the trace that checks the fingerprint (farm.build.steps)
 MODEL = "model build"  # the model built weight-free for the compile
 TOOLCHAIN = "toolchain checks"  # the CPU's ISA, the C++ compiler's identity
+# per_block on CPU: the model run once as it is, and its distinct blocks compiled in
+# forked processes side by side (farm.build.blocks.precompile_in_parallel)
+BLOCKS_IN_PARALLEL = "blocks compiled in parallel"
 DYNAMO = "Dynamo"  # bytecode tracing, guards
 AOT_AUTOGRAD = "AOTAutograd"  # functionalisation, joint graph, partitioning, its cache
 LOWERING = "Inductor lowering"  # FX passes, lowering, scheduling
@@ -47,6 +50,7 @@ CHILD_STAGES = (
     GRAPH_CHECK,
     MODEL,
     TOOLCHAIN,
+    BLOCKS_IN_PARALLEL,
     DYNAMO,
     AOT_AUTOGRAD,
     LOWERING,

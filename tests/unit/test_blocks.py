@@ -151,7 +151,7 @@ def test_identical_layers_compile_once_and_a_rebuild_compiles_nothing(tmp_path: 
     # The SiLU layer's shape key is the GELU layers': their function is
     # offered to it first, and its guards refuse it.
     assert first.summary() == {"blocks": 4, "functions": 2, "compiled": 2, "from_cache": 0,
-                               "shared": 2, "guard_refusals": 1}
+                               "shared": 2, "guard_refusals": 1, "compiled_in_parallel": 0}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         {block_key(model.layers[i], (x,), {}, CONTEXT, attributes=a)
          for i in (0, 2) for a in (True, False)})
@@ -361,3 +361,90 @@ def test_what_a_per_block_build_cannot_take_fails_it_in_words(
 
     with torch.no_grad(), pytest.raises(CompileError, match=says):
         compile_aot(per_block_job(inputs), model(), torch.device("cpu"), tmp_path / "art")
+
+
+# --- distinct blocks compiled side by side ------------------------------------------------
+
+_SIDE_BY_SIDE = """
+import io, json, os, sys
+from pathlib import Path
+import torch
+from farm.build.blocks import compile_blocks, precompile_in_parallel
+from farm.node.blocks import BlockwiseModel
+from tests.unit.test_blocks import CONTEXT, compile_one as compile_block, load_one, seeded
+
+cache, marks = Path(sys.argv[1]), Path(sys.argv[2])
+
+def compile_one(block, args, kwargs):
+    (marks / str(os.getpid())).touch()   # which process compiled
+    return compile_block(block, args, kwargs)
+
+out = {"me": str(os.getpid())}
+x = torch.randn(2, 8)
+with torch.no_grad():
+    for name, model in (("distinct", seeded(layers=4, distinct=True)),
+                        ("identical", seeded(layers=4))):
+        fresh = precompile_in_parallel(model, lambda: model(x), compile_one, context=CONTEXT,
+                                       cache=cache / name, workers=2)
+        side = sorted(p.name for p in marks.iterdir())
+        made = compile_blocks(model, lambda: model(x), compile_one, load_one, context=CONTEXT,
+                              cache=cache / name, fresh=fresh)
+        runner = BlockwiseModel(model, {n: made.functions[i] for n, i in made.assignment.items()})
+        out[name] = {"fresh": len(fresh), "side": side, "summary": made.summary(),
+                     "same": torch.equal(runner(model, x), model(x))}
+        for p in marks.iterdir():
+            p.unlink()
+print(json.dumps(out))
+"""
+
+
+def test_distinct_blocks_compiled_side_by_side_serve_the_pass_after(tmp_path: Path) -> None:
+    """In a process of one thread, as a CPU build child is: the 4 distinct
+    blocks are compiled by 2 forked processes and stored under both keys;
+    the pass after compiles none itself, counts them as compiled, and the
+    model computes what eager does. Identical blocks are one block: nothing
+    to run side by side, so no process is forked."""
+    import json
+    import subprocess
+    import sys
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    done = subprocess.run([sys.executable, "-c", _SIDE_BY_SIDE, str(tmp_path / "cache"),
+                           str(marks)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2], check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    distinct = out["distinct"]
+    assert distinct["fresh"] == 8, distinct           # 4 blocks, each under 2 keys
+    assert len(distinct["side"]) == 2 and out["me"] not in distinct["side"], distinct
+    assert {k: distinct["summary"][k] for k in ("compiled", "from_cache",
+                                                "compiled_in_parallel")} == {
+        "compiled": 4, "from_cache": 0, "compiled_in_parallel": 4}, distinct
+    assert distinct["same"]
+    identical = out["identical"]
+    assert identical["fresh"] == 0 and identical["side"] == [], identical
+    assert identical["summary"]["compiled"] == 1 and identical["same"], identical
+
+
+def test_a_process_with_other_threads_compiles_its_blocks_one_after_another(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A fork copies only the calling thread (a lock another thread held
+    stays held): with a second thread alive, nothing is forked."""
+    import threading
+
+    from farm.build.blocks import precompile_in_parallel
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        with caplog.at_level("INFO", logger="farm.build.blocks"), torch.no_grad():
+            model, x = seeded(layers=4, distinct=True), torch.randn(2, 8)
+            fresh = precompile_in_parallel(model, lambda: model(x), compile_one,
+                                           context=CONTEXT, cache=tmp_path, workers=2)
+    finally:
+        stop.set()
+        other.join()
+    assert fresh == set() and not list(tmp_path.iterdir())
+    assert "threads: no fork" in caplog.text
