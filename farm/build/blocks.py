@@ -35,16 +35,17 @@ The key is a lookup, not a proof: a stored function from a sandboxed
 child is as trusted as the Inductor cache entries beside it (the
 project's own builds wrote them).
 
-Compiled one after another, 16 distinct blocks cost twice a full graph's
-build on CPU: each block waits for its one or two kernels' compiler runs
-before the next is traced, so the compile threads sit idle, and each pays
-torch's per-graph work. ``precompile_in_parallel`` runs first where a fork
-is safe (a CPU target's build: no CUDA context, one thread): the model runs
-once as it is, and the distinct blocks that no stored function serves are
-compiled side by side in forked processes, which store them as above. The
-pass that follows finds them there, each checked by its guards as any
-stored function is; a block the processes did not compile (one that
-failed, or inputs the eager run shaped otherwise) is compiled by that pass.
+Compiled one after another, 16 distinct blocks cost 1.5-1.8 times a full
+graph's build on CPU (docs/benchmarks.md): each block waits for its one or
+two kernels' compiler runs before the next is traced, so the compile
+threads sit idle, and each pays torch's per-graph work.
+``precompile_in_parallel`` runs first where a fork is safe (a CPU target's
+build: no CUDA context, one thread): the model runs once as it is, and the
+distinct blocks that no stored function serves are compiled side by side
+in forked processes, which store them as above. The pass that follows
+finds them there, each checked by its guards as any stored function is; a
+block the processes did not compile (one that failed, or inputs the eager
+run shaped otherwise) is compiled by that pass.
 """
 
 from __future__ import annotations
