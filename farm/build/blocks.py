@@ -162,14 +162,7 @@ def compile_blocks(model: nn.Module, run: Callable[[], Any],
             return serve(name, block, args, kwargs)
         return forward
 
-    for name, block in blocks:
-        # On the instance, as the node does (farm.node.blocks.BlockwiseModel).
-        block.forward = forward_of(name, block)
-    try:
-        run()
-    finally:
-        for _, block in blocks:
-            vars(block).pop("forward", None)
+    _run_patched(blocks, forward_of, run)
     missing = [n for n, _ in blocks if n not in out.assignment]
     if missing:
         raise BlocksUnavailable(
@@ -236,14 +229,7 @@ def _distinct_uncached(model: nn.Module, run: Callable[[], Any], context: Mappin
             return forward(*args, **kwargs)
         return call
 
-    blocks = layer_blocks(model)
-    for name, block in blocks:
-        block.forward = watched(name, block)
-    try:
-        run()
-    finally:
-        for _, block in blocks:
-            vars(block).pop("forward", None)
+    _run_patched(layer_blocks(model), watched, run)
     sources: dict[str, str] = {}
     todo: dict[str, tuple[nn.Module, tuple[Any, ...], dict[str, Any], list[str]]] = {}
     for block, args, kwargs in seen.values():
@@ -273,6 +259,21 @@ def _compile_and_store(todo: list[tuple[nn.Module, tuple[Any, ...], dict[str, An
                     "compiles it again", exc)
     finally:
         os._exit(code)
+
+
+def _run_patched(blocks: list[tuple[str, nn.Module]],
+                 forward_of: Callable[[str, nn.Module], Callable[..., Any]],
+                 run: Callable[[], Any]) -> None:
+    """``run()`` with each block's ``forward`` set on the instance (as the
+    node does: farm.node.blocks.BlockwiseModel) to ``forward_of(name,
+    block)``, and taken off again after."""
+    for name, block in blocks:
+        block.forward = forward_of(name, block)
+    try:
+        run()
+    finally:
+        for _, block in blocks:
+            vars(block).pop("forward", None)
 
 
 def _detached(value: Any) -> Any:
