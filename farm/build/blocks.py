@@ -200,7 +200,11 @@ def precompile_in_parallel(model: nn.Module, run: Callable[[], Any],
     n = min(workers, len(todo))
     pids = []
     for w in range(n):
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:   # the build's process limit: the pass after compiles the rest
+            log.info("per-block: %d of %d processes started (%s)", w, n, exc)
+            break
         if pid == 0:   # pragma: no cover - a forked child; its stores are what is checked
             _compile_and_store(todo[w::n], compile_one, cache)
         pids.append(pid)

@@ -448,3 +448,27 @@ def test_a_process_with_other_threads_compiles_its_blocks_one_after_another(
         other.join()
     assert fresh == set() and not list(tmp_path.iterdir())
     assert "threads: no fork" in caplog.text
+
+
+def test_a_fork_the_process_limit_refuses_leaves_the_blocks_to_the_pass_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import errno
+    import os
+    import threading
+
+    from farm.build.blocks import precompile_in_parallel
+
+    def no_fork() -> int:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setattr(os, "fork", no_fork)
+    model, x = seeded(layers=4, distinct=True), torch.randn(2, 8)
+    with caplog.at_level("INFO", logger="farm.build.blocks"), torch.no_grad():
+        fresh = precompile_in_parallel(model, lambda: model(x), compile_one, context=CONTEXT,
+                                       cache=tmp_path, workers=2)
+    assert fresh == set()
+    assert "0 of 2 processes started" in caplog.text
+    made = build(model, x, tmp_path)
+    assert (made.compiled, made.in_parallel) == (4, 0)
