@@ -252,6 +252,9 @@ def _compile_and_store(todo: list[tuple[nn.Module, tuple[Any, ...], dict[str, An
     pool of its own would start a Python per thread), then exit."""
     code = 1
     try:
+        # torch's intra-op threads stay as the build set them: Inductor
+        # compiles CPU kernels for that count, and functions compiled under
+        # torch.set_num_threads(1) were not taken by the pass after (tried).
         with torch._inductor.config.patch(compile_threads=1):
             for block, args, kwargs, keys in todo:
                 data = _saved_bytes(compile_one(block, args, kwargs))
