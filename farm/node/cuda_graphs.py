@@ -223,15 +223,7 @@ class _Step(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, owner: GraphedCalls, entry: _StepGraph, token: _Token,
                 *tensors: Any) -> Any:
-        n = len(entry.inputs)
-        stream = torch.cuda.current_stream(entry.inputs[0].device)
-        stream.wait_event(entry.done)
-        for static, x in zip(entry.inputs, tensors[:n], strict=True):
-            if static.data_ptr() != x.data_ptr():
-                static.copy_(x)
-        entry.graph.replay()
-        outs = tuple(o.clone() for o in entry.output)
-        entry.done.record(stream)
+        outs = _run_graph(entry, tensors[:len(entry.inputs)])
         entry.replays += 1
         entry.awaiting = weakref.ref(token)
         ctx.owner, ctx.entry, ctx.token, ctx.replay = owner, entry, token, entry.replays
@@ -324,7 +316,6 @@ class GraphedCalls:
                              "torch.autocast")
                 return self.fn(*args, **kwargs)
             key = ("grad", getattr(self.module, "training", None), key)
-            return self._training_call(key, args, kwargs, tensors)
         with self._lock:
             # The graph's input and output memory is shared by its calls: one
             # replay (or recording) at a time. A call run as it is needs no lock.
@@ -336,12 +327,20 @@ class GraphedCalls:
                 # this call only, as a rule): the artifact's guards decide.
                 pass
             elif entry is not None and self._same_weights(entry):
-                return self._replay(entry, tensors)
+                if not isinstance(entry, _StepGraph):
+                    return _run_graph(entry, tensors)
+                if entry.awaiting is None or entry.awaiting() is None:
+                    return self._replay_step(entry, tensors)
+                self._refuse("a training call before the backward of the last one of its "
+                             "shape", "its replay would overwrite the activations that "
+                             "backward reads")
             elif entry is None and len(self._graphs) >= self.max_graphs:
                 self._refuse("a call of a new shape",
                              f"{self.max_graphs} graphs are kept already")
-            else:
+            elif not grad:
                 return self._record(key, args, kwargs, tensors)
+            elif (step := self._record_step(key, args, kwargs, tensors)) is not None:
+                return self._replay_step(step, tensors)
         return self.fn(*args, **kwargs)
 
     def _same_weights(self, entry: _Graph) -> bool:
@@ -353,21 +352,35 @@ class GraphedCalls:
             entry.generation = _generation[0]
         return _pointers(entry.weights) == entry.pointers
 
-    def _replay(self, entry: _Graph, tensors: list[Any]) -> Any:
-        stream = torch.cuda.current_stream(tensors[0].device)
-        # The last replay's results were copied out on its stream.
-        stream.wait_event(entry.done)
-        for static, x in zip(entry.inputs, tensors, strict=True):
-            static.copy_(x)
-        entry.graph.replay()
-        out = tree_map_only(torch.Tensor, torch.Tensor.clone, entry.output)
-        entry.done.record(stream)
-        return out
+    def _warmed_up(self, key: Hashable, what: str,
+                   call: Callable[[], Any]) -> tuple[Any, tuple[Any, list[Any]] | None]:
+        """``call`` warmed up (``_warm_up``): the last warm-up's result, and
+        what a recording keeps (torch's global state, the module's tensors),
+        or None there when the call waits for the GPU on the host (its
+        reason kept)."""
+        from torch._C._dynamo.guards import GlobalStateGuard
+
+        result, synchronizes = _warm_up(call)
+        if synchronizes:
+            self._remember_refusal(key, what,
+                                   f"it waits for the GPU on the host ({synchronizes})")
+            return result, None
+        return result, (GlobalStateGuard(), list(module_tensors(self.module)))
+
+    def _recording_failed(self, key: Hashable, what: str, exc: Exception,
+                          *graphs: Any) -> None:
+        """After a capture that failed: its graphs freed, torch's random
+        generator out of capture, the key's earlier graph dropped (its
+        weights were left behind), and the reason kept."""
+        for graph in graphs:
+            _forget(graph)
+        _end_broken_capture()
+        self._graphs.pop(key, None)
+        self._remember_refusal(key, what, f"recording it failed ({type(exc).__name__}: "
+                                          f"{first_line(exc)})")
 
     def _record(self, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any],
                 tensors: list[Any]) -> Any:
-        from torch._C._dynamo.guards import GlobalStateGuard
-
         device = tensors[0].device
         try:
             inputs = [_static_copy(x) for x in tensors]
@@ -378,13 +391,11 @@ class GraphedCalls:
         with torch.cuda.device(device):
             # Errors here are the artifact's own (a guard's refusal included):
             # the caller sees them as without graphs.
-            result, synchronizes = _warm_up(lambda: self.fn(*s_args, **s_kwargs))
-            if synchronizes:
-                self._remember_refusal(key, "a call of this shape",
-                                       f"it waits for the GPU on the host ({synchronizes})")
+            result, kept = self._warmed_up(key, "a call of this shape",
+                                           lambda: self.fn(*s_args, **s_kwargs))
+            if kept is None:
                 return result
-            state = GlobalStateGuard()
-            weights = list(module_tensors(self.module))
+            state, weights = kept
             graph = torch.cuda.CUDAGraph()
             try:
                 # thread_local: other threads of the node (its downloads, the
@@ -393,39 +404,15 @@ class GraphedCalls:
                     output = self.fn(*s_args, **s_kwargs)
                 _check_output(output)
             except Exception as exc:  # any failure to record is a reason to run as it is
-                _forget(graph)
-                _end_broken_capture()
-                self._graphs.pop(key, None)
-                self._remember_refusal(key, "a call of this shape",
-                                       f"recording it failed ({type(exc).__name__}: "
-                                       f"{first_line(exc)})")
+                self._recording_failed(key, "a call of this shape", exc, graph)
                 # The warm-up's result is this call's (its inputs' copy).
                 return result
         self._graphs[key] = _Graph(graph=graph, inputs=inputs, output=output, state=state,
                                    weights=weights, pointers=_pointers(weights),
                                    generation=_generation[0])
-        return self._replay(self._graphs[key], tensors)
+        return _run_graph(self._graphs[key], tensors)
 
     # --- training calls ------------------------------------------------------------------
-
-    def _training_call(self, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any],
-                       tensors: list[Any]) -> Any:
-        with self._lock:
-            entry = self._graphs.get(key)
-            if key in self._refused or (entry is not None and not entry.state.check()):
-                pass   # as for an inference call
-            elif entry is not None and self._same_weights(entry):
-                assert isinstance(entry, _StepGraph)
-                if entry.awaiting is None or entry.awaiting() is None:
-                    return self._replay_step(entry, tensors)
-                self._refuse("a training call before the backward of the last one of its "
-                             "shape", "its replay would overwrite the activations that "
-                             "backward reads")
-            elif entry is None and len(self._graphs) >= self.max_graphs:
-                self._refuse("a call of a new shape", f"{self.max_graphs} graphs are kept already")
-            elif (step := self._record_step(key, args, kwargs, tensors)) is not None:
-                return self._replay_step(step, tensors)
-        return self.fn(*args, **kwargs)
 
     def _replay_step(self, entry: _StepGraph, tensors: list[Any]) -> Any:
         outs = iter(_Step.apply(self, entry, _Token(), *tensors, *entry.params))
@@ -436,8 +423,6 @@ class GraphedCalls:
                      tensors: list[Any]) -> _StepGraph | None:
         """Record a training call's forward and backward graphs (None: it
         cannot be, and the reason is kept). The caller runs the call itself."""
-        from torch._C._dynamo.guards import GlobalStateGuard
-
         try:
             inputs = [_static_copy(x).requires_grad_(x.requires_grad) for x in tensors]
         except NotRecordable as exc:
@@ -458,13 +443,11 @@ class GraphedCalls:
 
         device = tensors[0].device
         with torch.cuda.device(device):
-            _, synchronizes = _warm_up(forward_and_backward)
-            if synchronizes:
-                self._remember_refusal(key, "a training call of this shape",
-                                       f"it waits for the GPU on the host ({synchronizes})")
+            _, kept = self._warmed_up(key, "a training call of this shape",
+                                      forward_and_backward)
+            if kept is None:
                 return None
-            state = GlobalStateGuard()
-            weights = list(module_tensors(self.module))
+            state, weights = kept
             pool = torch.cuda.graph_pool_handle()
             forward, backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
             try:
@@ -490,13 +473,8 @@ class GraphedCalls:
                     _forget(backward)
                     backward = None
             except Exception as exc:  # any failure to record is a reason to run as it is
-                for graph in (forward, backward):
-                    if graph is not None:
-                        _forget(graph)
-                _end_broken_capture()
-                self._remember_refusal(key, "a training call of this shape",
-                                       f"recording it failed ({type(exc).__name__}: "
-                                       f"{first_line(exc)})")
+                self._recording_failed(key, "a training call of this shape", exc,
+                                       *(g for g in (forward, backward) if g is not None))
                 return None
         by_input = iter(grads)
         grad_inputs = tuple(next(by_input) if x.requires_grad else None for x in inputs) + \
@@ -514,6 +492,20 @@ class GraphedCalls:
         self._refuse(what, reason)
         if len(self._refused) < _MAX_REFUSED:
             self._refused.add(key)
+
+
+def _run_graph(entry: _Graph, tensors: Any) -> Any:
+    """``entry``'s graph replayed on the call's ``tensors``: copied into its
+    inputs, replayed, and copies of its outputs returned."""
+    stream = torch.cuda.current_stream(tensors[0].device)
+    # The last replay's results were copied out on its stream.
+    stream.wait_event(entry.done)
+    for static, x in zip(entry.inputs, tensors, strict=True):
+        static.copy_(x)
+    entry.graph.replay()
+    out = tree_map_only(torch.Tensor, torch.Tensor.clone, entry.output)
+    entry.done.record(stream)
+    return out
 
 
 def _warm_up(call: Callable[[], Any]) -> tuple[Any, str | None]:
