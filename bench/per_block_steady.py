@@ -114,12 +114,8 @@ def main() -> None:
         return m
 
     def step(f: Any, m: torch.nn.Module, x: torch.Tensor, synchronize: bool = True) -> None:
-        if not training:
-            with torch.no_grad():
-                f(x)
-        else:
-            y = f(x)
-            (y if isinstance(y, torch.Tensor) else y[0]).float().sum().backward()
+        one_call(f, x, training)
+        if training:
             for p in m.parameters():
                 p.grad = None
         if synchronize:
@@ -220,15 +216,24 @@ def main() -> None:
                     f.write(f"launches: {name}: {json.dumps(report)}\n")
 
 
-def outcome(f: Any, m: torch.nn.Module, x: torch.Tensor, training: bool) -> list[torch.Tensor]:
-    """What one call of ``f`` gives: its output, and in training the
-    parameters' gradients of the bench's loss (then cleared)."""
+def one_call(f: Any, x: torch.Tensor, training: bool) -> torch.Tensor:
+    """One call of ``f`` as the bench times it: without grad, or in
+    training with the backward of its output's sum; the output."""
     if not training:
         with torch.no_grad():
-            return [f(x)]
+            return f(x)
     y = f(x)
     y = y if isinstance(y, torch.Tensor) else y[0]
     y.float().sum().backward()
+    return y
+
+
+def outcome(f: Any, m: torch.nn.Module, x: torch.Tensor, training: bool) -> list[torch.Tensor]:
+    """What one call of ``f`` gives: its output, and in training the
+    parameters' gradients of the bench's loss (then cleared)."""
+    y = one_call(f, x, training)
+    if not training:
+        return [y]
     grads = [p.grad for p in m.parameters() if p.grad is not None]
     for p in m.parameters():
         p.grad = None

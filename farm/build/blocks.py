@@ -211,8 +211,8 @@ def precompile_in_parallel(model: nn.Module, run: Callable[[], Any],
     failed = sum(1 for pid in pids if os.waitpid(pid, 0)[1] != 0)
     stored = {key for *_, keys in todo for key in keys if (cache / key).is_file()}
     log.info("per-block: %d distinct blocks compiled in %d processes side by side%s",
-             len(todo), n, f" ({failed} failed; the build compiles what they did not store)"
-             if failed else "")
+             len(todo), len(pids), f" ({failed} failed; the build compiles what they did not "
+             "store)" if failed else "")
     return stored
 
 
@@ -390,12 +390,9 @@ def _function_for(out: BlockBuild, by_key: dict[str, list[int]], sources: dict[s
         out.shared += 1
     else:
         for key in keys:
-            index = _from_cache(out, cache, key, load_one, block, args, kwargs)
+            index = _from_cache(out, cache, key, load_one, block, args, kwargs,
+                                fresh=key in fresh)
             if index is not None:
-                if key in fresh:   # stored by this build's processes a moment ago
-                    out.from_cache -= 1
-                    out.compiled += 1
-                    out.in_parallel += 1
                 break
     if index is None:
         fn = compile_one(block, args, kwargs)
@@ -429,7 +426,12 @@ def _first_accepting(out: BlockBuild, candidates: list[int], block: nn.Module,
 
 
 def _from_cache(out: BlockBuild, cache: Path | None, key: str, load_one: Callable[[bytes], Any],
-                block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+                block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                fresh: bool = False) -> int | None:
+    """The index of the function stored under ``key`` once it serves
+    ``block`` (loaded, or one this build has already), else None.
+    ``fresh``: stored by this build's processes a moment ago
+    (precompile_in_parallel), so counted as compiled."""
     if cache is None:
         return None
     path = cache / key
@@ -452,7 +454,11 @@ def _from_cache(out: BlockBuild, cache: Path | None, key: str, load_one: Callabl
     if not _accepts(fn, block, args, kwargs):
         out.refused += 1
         return None
-    out.from_cache += 1
+    if fresh:
+        out.compiled += 1
+        out.in_parallel += 1
+    else:
+        out.from_cache += 1
     return _add(out, fn, data)
 
 
