@@ -27,12 +27,12 @@ pytest_plugins = [
 # long ones start at once and the short ones fill the end (a 140-s module
 # handed out last ran alone for the run's last two minutes). Seconds, on the
 # 2-core CI machine: the session farm's group about 580 (led by
-# test_pipeline_recovery), the AOTI farm's about 280 (test_pipeline, then
-# test_attestation, which revokes its farm's builder key in its last test),
-# then each module's own. A module not listed runs after these, by name.
+# test_pipeline_recovery), the AOTI farm's about 450 (test_pipeline,
+# test_architectures, then test_attestation, which revokes its farm's builder
+# key in its last test), then each module's own. A module not listed runs after these, by name.
 LONG_FIRST = (
-    "test_pipeline_recovery", "test_pipeline", "test_attestation", "test_netns",
-    "test_faults", "test_architectures", "test_zygote", "test_compile_cpu",
+    "test_pipeline_recovery", "test_pipeline", "test_architectures", "test_attestation",
+    "test_netns", "test_faults", "test_zygote", "test_compile_cpu",
     "test_hostile_models", "test_embedded", "test_isa_checks", "test_everyday", "test_load",
     "test_sandbox_isolation", "test_fuzz_api", "test_api", "test_fake_weights", "test_byom",
     "test_precompiled_headers", "test_visibility", "test_compile_cache", "test_projects",
@@ -46,9 +46,10 @@ LONG_FIRST = (
 # collection order, so the farm starts once (``aoti_farm``,
 # tests/fixtures/faults.py; ``farm``, tests/fixtures/farm.py). test_attestation
 # revokes its farm's builder key in its last test, so it sorts after
-# test_pipeline (LONG_FIRST).
+# test_pipeline and test_architectures (LONG_FIRST).
 SHARED_FARMS = {
     "tests/integration/test_pipeline.py": "aoti_farm",
+    "tests/integration/test_architectures.py": "aoti_farm",
     "tests/integration/test_attestation.py": "aoti_farm",
     # The session ``farm``'s users (tests/fixtures/farm.py): one farm for the
     # run instead of one per xdist worker (an API, two workers and their

@@ -89,13 +89,12 @@ def job(a: Arch) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def arch_farm(make_farm: Any) -> Farm:
-    """A farm as deployed by default: both formats (FARM_AOTI=1)."""
-    f: Farm = make_farm(
-        "archs",
-        env={"FARM_AOTI": "1", "BUILD_TIMEOUT_S": str(scaled(600)), "BUILD_MEMORY_MB": "6000"},
-    )
-    return f
+def arch_farm(aoti_farm: Farm) -> Farm:
+    """A farm as deployed by default: both formats (FARM_AOTI=1). The
+    session's, shared with test_pipeline and test_attestation
+    (tests/conftest.py sends the three to one xdist worker): a farm of its
+    own cost the run one more start (an API, two workers, their zygotes)."""
+    return aoti_farm
 
 
 @pytest.fixture(scope="module")
