@@ -32,12 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
 
-def _model(width: int) -> object:
+from farm.zoo.stack import stack  # noqa: E402
+
+
+def _model(width: int) -> torch.nn.Module:
     """The same weights in every process: a package holds its child's."""
-    import torch
-
-    from farm.zoo.stack import stack
 
     torch.manual_seed(0)
     return stack(layers=16, width=width).eval()
@@ -45,11 +46,10 @@ def _model(width: int) -> object:
 
 def _compile_one(level: str, device: str, width: int, batch: int, package: str) -> None:
     """In a child: compile the package at ``level``; print its costs as JSON."""
-    import torch
     from torch._inductor import config
 
     config.aot_inductor.compile_wrapper_opt_level = level
-    m = _model(width).to(device)  # type: ignore[attr-defined]
+    m = _model(width).to(device)
     ep = torch.export.export(m, (torch.randn(batch, width, device=device),))
     c0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     torch._inductor.aoti_compile_and_package(ep, package_path=package)
@@ -88,13 +88,11 @@ def main() -> None:
         built[level] = json.loads(out.stdout.strip().splitlines()[-1])
         print(level, built[level], flush=True)
 
-    import torch
-
     def sync() -> None:
         if a.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    m = _model(a.width).to(a.device)  # type: ignore[attr-defined]
+    m = _model(a.width).to(a.device)
     x = torch.randn(a.batch, a.width, device=a.device)
     runners = {lv: torch._inductor.aoti_load_package(str(work / f"{lv}.pt2")) for lv in levels}
     per_call: dict[str, list[float]] = {lv: [] for lv in levels}

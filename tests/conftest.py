@@ -29,7 +29,8 @@ pytest_plugins = [
 # 2-core CI machine: the session farm's group about 580 (led by
 # test_pipeline_recovery), the AOTI farm's about 450 (test_pipeline,
 # test_architectures, then test_attestation, which revokes its farm's builder
-# key in its last test), then each module's own. A module not listed runs after these, by name.
+# key in its last test), then each module's own. A module not listed runs
+# after these, by name.
 LONG_FIRST = (
     "test_pipeline_recovery", "test_pipeline", "test_architectures", "test_attestation",
     "test_netns", "test_faults", "test_zygote", "test_compile_cpu",
