@@ -1,4 +1,4 @@
-"""Tensor-parallel models (issue 19): the same layout on the build worker,
+"""Tensor-parallel models: the same layout on the build worker,
 in verification and on every node rank.
 
 A job's ``options.parallel`` (``farm.core.specs.ParallelLayout``) names a

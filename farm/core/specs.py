@@ -122,7 +122,7 @@ class MeshLayout:
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """A tensor-parallel build (issue 19): the model is parallelized over a
+    """A tensor-parallel build: the model is parallelized over a
     1-D device mesh with ``plan`` (module path -> ``colwise``/``rowwise``,
     ``parallelize_module``), its inputs are replicated DTensors, and it is
     compiled once under a fake process group with

@@ -1,7 +1,7 @@
 """The node agent: a process that has already imported what loading a training
 artifact needs (torch, Dynamo, Inductor, AOTAutograd, Triton when installed,
-the farm's loader) and forks a child per ``farm run -- python SCRIPT`` (issue 15:
-those imports were about 4.4 s of a training node's first result on the H200).
+the farm's loader) and forks a child per ``farm run -- python SCRIPT`` (those
+imports were about 4.4 s of a training node's first result on the H200).
 
     farm agent [--socket PATH]        # one per node, or one per GPU (its own socket)
     farm run -- python train.py ...   # farm.node.run, the client

@@ -1,4 +1,4 @@
-"""Bad input gets a 4xx with a message and changes nothing (issue 4's Done-when).
+"""Bad input gets a 4xx with a message and changes nothing.
 
 Every case runs against PostgreSQL and SQLite and checks, besides the status
 and the message, that no table gained or lost a row.

@@ -1,4 +1,4 @@
-"""The farm learns from its fleet (issue 17): node reports, build on miss,
+"""The farm learns from its fleet: node reports, build on miss,
 coverage and upgrade plans.
 
 Two layers: the API in this process on PostgreSQL and SQLite (what each

@@ -1,4 +1,4 @@
-"""Keyword and structured inputs through the farm (issue 14): ``transformers``'
+"""Keyword and structured inputs through the farm: ``transformers``'
 ``LlamaForCausalLM`` called as ``model(input_ids=..., attention_mask=...)``
 and a model whose forward takes a dict of tensors, each input with its own
 spec. Submitted over HTTP, traced, compiled (eager backend: no C++ build on

@@ -1,4 +1,4 @@
-"""Issue 19: one artifact for every rank. The aot_compile guide's tensor-parallel
+"""One artifact for every rank. The aot_compile guide's tensor-parallel
 FeedForward (section 7.1: linear1 ColwiseParallel, linear2 RowwiseParallel,
 a 1-D mesh) goes through the farm as a user sends it, with options.parallel:
 the trace and compile workers build it once, as rank 0 of a fake process

@@ -1,5 +1,5 @@
 """The aot_compile guide's tensor-parallel FeedForward (section 7.1), built by
-the farm under options.parallel (issue 19)."""
+the farm under options.parallel."""
 
 from __future__ import annotations
 

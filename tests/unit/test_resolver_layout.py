@@ -1,4 +1,4 @@
-"""Resolver rule ``layout`` (issue 19): a tensor-parallel artifact serves any
+"""Resolver rule ``layout``: a tensor-parallel artifact serves any
 rank of the world size and mesh it was built for, and nothing else."""
 
 from __future__ import annotations
