@@ -69,17 +69,23 @@ def slow_once(marker: str, seconds: float = 60.0, dim: int = 8, out: int = 4) ->
     return nn.Linear(dim, out, bias=False)
 
 
-def slow_in(at: str, seconds: float, record: str, dim: int = 8, out: int = 4) -> nn.Module:
-    """A Linear that takes ``seconds`` in stage ``at`` ('compile': a build
-    longer than the broker's visibility timeout), appending a ``start PID
-    PPID`` and an ``end PID PPID`` line to ``record`` around the wait
-    (unisolated farms: an isolated child cannot write there)."""
+def slow_in(at: str, seconds: float, record: str | None = None, dim: int = 8,
+            out: int = 4) -> nn.Module:
+    """A Linear that takes ``seconds`` in stage ``at``: a build longer than
+    the broker's visibility timeout, or one still running when a test kills
+    its worker or takes its host away, at next to no CPU (a model that
+    compiles for that long costs a loaded 2-core machine tens of CPU-seconds
+    each time it is built). With ``record``, it appends a ``start PID PPID``
+    and an ``end PID PPID`` line there around the wait (unisolated farms: an
+    isolated child cannot write there)."""
     if stage() == at:
-        with open(record, "a") as f:
-            f.write(f"start {os.getpid()} {os.getppid()}\n")
+        if record is not None:
+            with open(record, "a") as f:
+                f.write(f"start {os.getpid()} {os.getppid()}\n")
         time.sleep(seconds)
-        with open(record, "a") as f:
-            f.write(f"end {os.getpid()} {os.getppid()}\n")
+        if record is not None:
+            with open(record, "a") as f:
+                f.write(f"end {os.getpid()} {os.getppid()}\n")
     return nn.Linear(dim, out, bias=False)
 
 

@@ -337,15 +337,18 @@ def hosts(
         net.destroy()
 
 
-# 8 layers of distinct widths, training: each layer compiles kernels of its
-# own, about 10 s on 2 cores, so a host can be lost or cut off mid-compile. (A
-# linear layer's build, a few seconds once, took under 2 s once compile
-# children forked warm with precompiled headers, and ended before the cut.)
-STACK = "farm.zoo.stack:stack"
+# A build that is still running when its host is lost or cut off: its
+# model waits in the compile stage (``slow_in``), at next to no CPU. (A
+# linear layer's build took under 2 s once compile children forked warm with
+# precompiled headers, and ended before the cut; 8 distinct training layers,
+# the model these tests built before, cost each build tens of CPU-seconds.)
+# Each test's own width: its own program, so the second test does not reuse
+# the first one's build.
+SLOW = "tests.models_env:slow_in"
 
 
-def _stack_kwargs(width: int) -> dict[str, Any]:
-    return {"layers": 8, "width": width, "distinct": True}
+def _slow_kwargs(width: int) -> dict[str, Any]:
+    return {"at": "compile", "seconds": scaled(15), "dim": width, "out": width}
 
 
 def _start_build(farm: FaultFarm, version: str, *, width: int) -> tuple[str, dict[str, Any]]:
@@ -354,9 +357,9 @@ def _start_build(farm: FaultFarm, version: str, *, width: int) -> tuple[str, dic
     spec = farm_spec(
         "hosts",
         version,
-        STACK,
+        SLOW,
         inputs=[f"float32[2,{width}]"],
-        kwargs=_stack_kwargs(width),
+        kwargs=_slow_kwargs(width),
         grad_mode="training",
     )
     job_id = farm.submit(spec)
@@ -421,9 +424,9 @@ def test_a_compile_host_lost_mid_build_is_replaced_and_nothing_is_lost(hosts: Ho
         "--ref",
         "1",
         "--entrypoint",
-        STACK,
+        SLOW,
         "--kwargs",
-        json.dumps(_stack_kwargs(13)),
+        json.dumps(_slow_kwargs(13)),
         "--input",
         "float32[2,13]",
         "--train",

@@ -72,13 +72,14 @@ def test_kill_9_compile_worker_mid_job_redelivers(farm: Farm) -> None:
     spare = farm.start_worker("compile-spare", "compile")
     try:
         farm.wait_for_targets(2)
-        # 16 layers of distinct widths: each compiles kernels of its own, some
-        # seconds even in a warm child with precompiled headers (a small MLP's
-        # build ended within the 2 s this test used to wait).
+        # A build still running when its worker is killed: the model waits
+        # in the compile stage, at next to no CPU (a small MLP's build ended
+        # within the 2 s this test used to wait; 16 distinct layers, the model
+        # it built before, cost tens of CPU-seconds at each of its two builds).
         job_id = farm.submit(
             job_spec(
-                "killme", "1", "farm.zoo.stack:stack", inputs=["float32[5,72]"],
-                kwargs={"layers": 16, "width": 72, "distinct": True}
+                "killme", "1", "tests.models_env:slow_in", inputs=["float32[5,72]"],
+                kwargs={"at": "compile", "seconds": scaled(15), "dim": 72}
             )
         )
         deadline = time.monotonic() + scaled(180)
