@@ -78,14 +78,15 @@ def slow_in(at: str, seconds: float, record: str | None = None, dim: int = 8,
     each time it is built). With ``record``, it appends a ``start PID PPID``
     and an ``end PID PPID`` line there around the wait (unisolated farms: an
     isolated child cannot write there)."""
+    def note(what: str) -> None:
+        if record is not None:
+            with open(record, "a") as f:
+                f.write(f"{what} {os.getpid()} {os.getppid()}\n")
+
     if stage() == at:
-        if record is not None:
-            with open(record, "a") as f:
-                f.write(f"start {os.getpid()} {os.getppid()}\n")
+        note("start")
         time.sleep(seconds)
-        if record is not None:
-            with open(record, "a") as f:
-                f.write(f"end {os.getpid()} {os.getppid()}\n")
+        note("end")
     return nn.Linear(dim, out, bias=False)
 
 
